@@ -1,0 +1,58 @@
+// frugal account — where the training memory of a Transformer stack goes, with and without
+// activation checkpointing. Prints a table, writes the JSON (see train/memory_account.h).
+#include <iostream>
+#include <sstream>
+
+#include "args.h"
+#include "commands.h"
+#include "frugal/train/memory_account.h"
+
+namespace frugal {
+namespace cli {
+
+int run_account(int argc, char** argv) {
+  train::AccountConfig config;
+  int64_t seed = 0;
+  std::string json_out = "account.json";
+  bool skip_timing = false;
+  Args args("account",
+            "Measure parameter, gradient and AdamW-state bytes of a stack of pre-LN Transformer blocks, and\n"
+            "the activation bytes kept for backward with no checkpointing, full, every second block and\n"
+            "selective checkpointing, against a per-layer formula. Prints a table and writes JSON.");
+  args.add_int("layers", &config.layers, "number of Transformer blocks", 1);
+  args.add_int("width", &config.width, "model width d_model (divisible by --heads)", 1);
+  args.add_int("heads", &config.heads, "attention heads", 1);
+  args.add_int("batch", &config.batch, "batch size B", 1);
+  args.add_int("seq", &config.seq, "sequence length T", 1);
+  args.add_int("seed", &seed, "random seed", 0);
+  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_flag("skip-timing", &skip_timing, "do not time forward+backward (time_s is null)");
+  if (!args.parse(argc, argv, 2)) return 0;
+  config.seed = static_cast<uint64_t>(seed);
+  config.timing = !skip_timing;
+  const std::string invalid = train::validate(config);
+  if (!invalid.empty()) throw UsageError("--" + invalid);
+
+  const bool json_to_stdout = json_out == "-";
+  train::AccountResult result = train::run_memory_account(config, [](const std::string& line) {
+    std::cerr << "frugal account: " << line << "\n";
+  });
+  std::ostringstream table, json;
+  train::write_account_table(result, table);
+  train::write_account_json(result, json);
+  (json_to_stdout ? std::cerr : std::cout) << table.str();
+  write_output(json_out, json.str());
+  if (!json_to_stdout) std::cout << "\nwrote " << json_out << "\n";
+
+  if (result.n_params != result.n_params_formula) {
+    throw std::runtime_error("parameter count " + std::to_string(result.n_params) + " differs from L*(12d^2+13d) = " +
+                             std::to_string(result.n_params_formula));
+  }
+  for (const auto* check : {&result.param_bytes, &result.grad_bytes, &result.adamw_state_bytes}) {
+    if (!check->agree()) throw std::runtime_error("a byte count differs between formula, tensors and tracker (see MISMATCH)");
+  }
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace frugal

@@ -1,0 +1,110 @@
+#include "args.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+namespace frugal {
+namespace cli {
+
+Args::Args(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}
+
+void Args::add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value) {
+  flags_.push_back({name, help, "N", std::to_string(*target), true, [=](const std::string& text) {
+                      errno = 0;
+                      char* end = nullptr;
+                      const long long v = std::strtoll(text.c_str(), &end, 10);
+                      if (text.empty() || *end != '\0' || errno == ERANGE) {
+                        throw UsageError("--" + name + " takes an integer, got '" + text + "'");
+                      }
+                      if (v < min_value) {
+                        throw UsageError("--" + name + " must be at least " + std::to_string(min_value) +
+                                         ", got " + text);
+                      }
+                      *target = v;
+                    }});
+}
+
+void Args::add_string(const std::string& name, std::string* target, const std::string& help,
+                      const std::string& metavar) {
+  flags_.push_back({name, help, metavar, *target, true, [=](const std::string& text) {
+                      if (text.empty()) throw UsageError("--" + name + " needs a non-empty value");
+                      *target = text;
+                    }});
+}
+
+void Args::add_flag(const std::string& name, bool* target, const std::string& help) {
+  flags_.push_back({name, help, "", "", false, [=](const std::string&) { *target = true; }});
+}
+
+void Args::add_positional(const std::string& name, std::string* target, const std::string& help) {
+  positionals_.push_back({name, help, name, "", true, [=](const std::string& text) { *target = text; }});
+}
+
+bool Args::parse(int argc, char** argv, int first) {
+  size_t next_positional = 0;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << help();
+      return false;
+    }
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      if (next_positional < positionals_.size()) {
+        positionals_[next_positional++].set(arg);
+        continue;
+      }
+      throw UsageError("unexpected argument '" + arg + "' (see 'frugal " + command_ + " --help')");
+    }
+    std::string name = arg.substr(2), value;
+    bool has_inline_value = false;
+    const auto eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_inline_value = true;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags_) {
+      if (f.name == name) flag = &f;
+    }
+    if (!flag) throw UsageError("unknown flag --" + name + " (see 'frugal " + command_ + " --help')");
+    if (!flag->takes_value) {
+      if (has_inline_value) throw UsageError("--" + name + " takes no value");
+      flag->set("");
+      continue;
+    }
+    if (!has_inline_value) {
+      if (i + 1 >= argc) throw UsageError("--" + name + " needs a value (" + flag->metavar + ")");
+      value = argv[++i];
+    }
+    flag->set(value);
+  }
+  if (next_positional < positionals_.size()) {
+    throw UsageError("missing " + positionals_[next_positional].name + " (see 'frugal " + command_ + " --help')");
+  }
+  return true;
+}
+
+std::string Args::help() const {
+  std::ostringstream out;
+  out << "usage: frugal " << command_;
+  for (const Flag& p : positionals_) out << " " << p.name;
+  out << " [flags]\n\n" << summary_ << "\n";
+  if (!positionals_.empty()) {
+    out << "\narguments:\n";
+    for (const Flag& p : positionals_) out << "  " << p.name << "\n      " << p.help << "\n";
+  }
+  out << "\nflags:\n";
+  for (const Flag& f : flags_) {
+    out << "  --" << f.name << (f.takes_value ? " " + f.metavar : "") << "\n      " << f.help;
+    if (f.takes_value && !f.default_text.empty()) out << " (default: " << f.default_text << ")";
+    out << "\n";
+  }
+  out << "  --help\n      show this help\n";
+  return out.str();
+}
+
+}  // namespace cli
+}  // namespace frugal

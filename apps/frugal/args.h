@@ -1,0 +1,51 @@
+// apps/frugal/args.h — the CLI's flag parser: typed flags, defaults, help text, one-line errors.
+//
+//   Args args("account", "Measure where training memory goes");
+//   int64_t layers = 6;  args.add_int("layers", &layers, "number of blocks", 1);
+//   if (!args.parse(argc, argv, 2)) return 0;     // --help printed
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace frugal {
+namespace cli {
+
+// A user mistake on the command line: printed as one line, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Args {
+ public:
+  Args(std::string command, std::string summary);
+
+  // An integer flag --name N with N >= min_value.
+  void add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value);
+  void add_string(const std::string& name, std::string* target, const std::string& help,
+                  const std::string& metavar = "VALUE");
+  void add_flag(const std::string& name, bool* target, const std::string& help);
+  // Positional arguments, in order (all required).
+  void add_positional(const std::string& name, std::string* target, const std::string& help);
+
+  // Parses argv[first..argc). Returns false when --help was asked for (the help is printed).
+  // Throws UsageError on an unknown flag, a missing or bad value, or a missing positional.
+  bool parse(int argc, char** argv, int first);
+  std::string help() const;
+
+ private:
+  struct Flag {
+    std::string name, help, metavar, default_text;
+    bool takes_value;
+    std::function<void(const std::string&)> set;
+  };
+  std::string command_, summary_;
+  std::vector<Flag> flags_;
+  std::vector<Flag> positionals_;
+};
+
+}  // namespace cli
+}  // namespace frugal

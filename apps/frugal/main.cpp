@@ -1,0 +1,76 @@
+// frugal — train neural networks in less memory. Entry point: dispatches to the subcommands and
+// turns errors into exit codes (2: the user's mistake, one line; 1: a failure while working).
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "args.h"
+#include "commands.h"
+#include "frugal/io/atomic_file.h"
+#include "frugal/train/hardware.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: frugal COMMAND [flags]\n"
+    "\n"
+    "Train neural networks in less memory: see where every byte goes, then cut it.\n"
+    "\n"
+    "commands:\n"
+    "  account   measure parameter, gradient, optimizer and activation memory of a Transformer stack,\n"
+    "            with and without activation checkpointing\n"
+    "  bench     run a benchmark and print its ratios against the plain version (frugal bench --help)\n"
+    "\n"
+    "'frugal COMMAND --help' describes a command's flags.\n";
+
+bool asks_for_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+namespace frugal {
+namespace cli {
+
+void write_output(const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::cout << text;
+  } else {
+    io::write_file_atomic(path, text);
+  }
+}
+
+}  // namespace cli
+}  // namespace frugal
+
+int main(int argc, char** argv) {
+  using namespace frugal;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  try {
+    if (!asks_for_help(argc, argv)) {
+      const std::string warning = train::slow_blas_warning(train::measure_matmul_gflops());
+      if (!warning.empty()) std::cerr << "frugal: " << warning << "\n";
+    }
+    if (command == "account") return cli::run_account(argc, argv);
+    if (command == "bench") return cli::run_bench(argc, argv);
+    throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench)");
+  } catch (const cli::UsageError& e) {
+    std::cerr << "frugal: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "frugal " << command << ": error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "frugal " << command << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}

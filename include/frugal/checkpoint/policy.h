@@ -1,0 +1,61 @@
+// frugal/checkpoint/policy.h — which blocks of a chain to checkpoint, and running a chain that way.
+//
+// A chain is a list of blocks applied one after the other (a Transformer's layers). A policy says
+// which of them run as checkpointed regions: none, full (all), every_k (blocks 0, k, 2k, ...), or
+// selective (all, keeping their Linear outputs).
+//
+//   auto policy = frugal::checkpoint::CheckpointPolicy::parse("every_2");
+//   auto chain = frugal::checkpoint::make_chain(blocks);          // std::vector of module holders
+//   at::Tensor y = frugal::checkpoint::run_chain(chain, x, policy);
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "frugal/checkpoint/checkpoint.h"
+
+namespace frugal {
+namespace checkpoint {
+
+enum class PolicyKind { none, full, every_k, selective };
+
+struct CheckpointPolicy {
+  PolicyKind kind = PolicyKind::none;
+  int64_t k = 1;  // for every_k
+
+  static CheckpointPolicy none() { return {PolicyKind::none, 1}; }
+  static CheckpointPolicy full() { return {PolicyKind::full, 1}; }
+  static CheckpointPolicy every(int64_t k);
+  static CheckpointPolicy selective() { return {PolicyKind::selective, 1}; }
+  // "none", "full", "every_K" (K >= 1), "selective"; throws std::invalid_argument naming the text.
+  static CheckpointPolicy parse(const std::string& text);
+
+  std::string name() const;  // the text parse() accepts
+  bool checkpoints(int64_t block_index) const;
+  CheckpointOptions options() const;
+};
+
+struct ChainBlock {
+  UnaryFn forward;                  // x: (B, T, d) -> (B, T, d) for a Transformer layer
+  std::vector<at::Tensor> params;   // what forward reads besides x
+};
+
+// Applies the blocks in order, checkpointing those the policy names.
+at::Tensor run_chain(const std::vector<ChainBlock>& chain, at::Tensor x, const CheckpointPolicy& policy);
+
+// A chain from module holders (or shared_ptrs) with forward(Tensor) -> Tensor.
+template <typename ModulePtr>
+std::vector<ChainBlock> make_chain(const std::vector<ModulePtr>& blocks) {
+  std::vector<ChainBlock> chain;
+  chain.reserve(blocks.size());
+  for (const ModulePtr& b : blocks) {
+    chain.push_back({[b = ModulePtr(b)](const at::Tensor& x) mutable { return b->forward(x); }, b->parameters()});
+  }
+  return chain;
+}
+
+}  // namespace checkpoint
+}  // namespace frugal

@@ -1,0 +1,173 @@
+// frugal/memory/tracker.h — observe every tensor allocation and free, tagged with what it is for.
+//
+// The tracker is a c10::MemoryReportingInfoBase installed with c10::DebugInfoGuard, so c10's CPU
+// allocator and the CUDA caching allocator report each allocation to it as it happens (no sampling).
+// Scopes declare what is being allocated; autograd's worker threads inherit the open scope.
+//
+//   auto tracker = frugal::memory::Tracker::create();
+//   { frugal::memory::TrackingGuard on(tracker);
+//     { frugal::memory::PhaseScope fw(frugal::memory::Phase::forward); loss = model(x); }
+//     { frugal::memory::PhaseScope bw(frugal::memory::Phase::backward); loss.backward(); } }
+//   tracker->peak_report().breakdown;   // bytes per Category at the peak
+//
+// Rule: memory allocated inside a declared scope and freed before that scope closes is counted as
+// Category::temporary (in the timeline too), whatever the scope declared.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "frugal/memory/category.h"
+
+namespace frugal {
+namespace memory {
+
+enum class Action : uint8_t { alloc, free, phase_begin, phase_end, step };
+const char* action_name(Action a);
+
+struct MemoryEvent {
+  int64_t time_us = 0;  // since the tracker was created
+  Action action = Action::alloc;
+  int64_t bytes = 0;    // size of the allocation (alloc/free), 0 for markers
+  Category category = Category::other;
+  Phase phase = Phase::idle;
+  c10::Device device = c10::Device(c10::kCPU);
+  uint64_t addr = 0;
+  int64_t step = -1;    // the step this event belongs to (-1 before the first mark_step)
+};
+
+using CategoryBytes = std::array<int64_t, kNumCategories>;
+
+struct PeakReport {
+  int64_t peak_bytes = 0;     // highest live total
+  int64_t peak_time_us = 0;   // when it was reached
+  int64_t peak_step = -1;
+  CategoryBytes breakdown{};  // live bytes per category at that moment
+  CategoryBytes max_by_category{};  // each category's own highest live bytes
+};
+
+class Tracker {
+ public:
+  static std::shared_ptr<Tracker> create();
+
+  // Live bytes of allocations made while tracking and not yet freed.
+  int64_t live_bytes() const;
+  int64_t live_bytes(c10::Device device) const;
+  CategoryBytes live_by_category() const;
+  // Highest live total since creation or the last reset_peak(); updated on every allocation.
+  int64_t peak_bytes() const;
+  void reset_peak();
+
+  // Replays the timeline (with final categories) to find the peak and what made it up.
+  // With a device, only that device's allocations count. Only the state from the last reset_peak()
+  // on counts toward the maxima.
+  PeakReport peak_report(std::optional<c10::Device> device = std::nullopt) const;
+
+  std::vector<MemoryEvent> events() const;
+  std::vector<c10::Device> devices() const;
+  // Frees of memory allocated before tracking began (ignored in every count).
+  int64_t untracked_frees() const { return untracked_frees_.load(); }
+  int64_t current_step() const { return step_.load(); }
+
+  // Writes {"devices": [...], "events": [{time_us, action, bytes, category, phase, device, step}...]}.
+  void write_timeline_json(std::ostream& out) const;
+
+  // --- called by the reporters and scopes; not for users ---
+  void on_report(void* ptr, int64_t size, c10::Device device, int64_t scope_id, Category category,
+                 Phase phase);
+  int64_t open_scope(bool reclassify_transients);
+  void close_scope(int64_t id);
+  void mark(Action action, Phase phase);
+  void mark_step(int64_t step);
+
+ private:
+  Tracker();
+  int64_t now_us() const;
+
+  struct Allocation {
+    int64_t bytes;
+    size_t event_index;
+    int64_t scope_id;
+    Category category;
+    c10::Device device;
+  };
+  struct DeviceCounter {
+    c10::Device device;
+    int64_t live;
+  };
+
+  mutable std::mutex mutex_;
+  std::chrono::steady_clock::time_point t0_;
+  std::vector<MemoryEvent> events_;
+  std::unordered_map<void*, Allocation> live_;
+  std::unordered_set<int64_t> open_scopes_;  // scopes whose transients become temporary
+  std::vector<DeviceCounter> device_live_;
+  CategoryBytes category_live_{};
+  int64_t total_live_ = 0;
+  int64_t peak_ = 0;
+  int64_t peak_since_us_ = 0;
+  size_t peak_since_event_ = 0;  // events before this index only build up the live state
+  int64_t next_scope_ = 1;
+  std::atomic<int64_t> untracked_frees_{0};
+  std::atomic<int64_t> step_{-1};
+};
+
+// Installs the tracker on this thread (and on threads that inherit its state) until destroyed.
+class TrackingGuard {
+ public:
+  explicit TrackingGuard(std::shared_ptr<Tracker> tracker);
+  ~TrackingGuard();
+  TrackingGuard(const TrackingGuard&) = delete;
+  TrackingGuard& operator=(const TrackingGuard&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Declares the category of what is allocated until destroyed. No-op when nothing is tracking.
+class CategoryScope {
+ public:
+  explicit CategoryScope(Category category);
+  ~CategoryScope();
+  CategoryScope(const CategoryScope&) = delete;
+  CategoryScope& operator=(const CategoryScope&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Marks a phase of the step in the timeline and opens a scope of the phase's default category
+// (or the one given). No-op when nothing is tracking.
+class PhaseScope {
+ public:
+  explicit PhaseScope(Phase phase);
+  PhaseScope(Phase phase, Category category);
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The tracker installed on this thread, or nullptr.
+std::shared_ptr<Tracker> current_tracker();
+// Marks the start of training step `step` on the current tracker (no-op without one).
+void mark_step(int64_t step);
+
+}  // namespace memory
+}  // namespace frugal

@@ -1,0 +1,49 @@
+// frugal/models/transformer_block.h — the pre-LN Transformer block that `frugal account` measures.
+//
+// x -> x + proj(causal_attention(qkv(ln1(x)))) -> x + fc2(gelu(fc1(ln2(x)))), no dropout.
+// Its Linear layers go through checkpoint::linear, so selective checkpointing can keep them.
+//
+//   frugal::models::PreLNBlock block(/*d_model=*/128, /*n_heads=*/4);
+//   at::Tensor y = block->forward(x);                          // x, y: (B, T, d_model)
+//   int64_t kept = frugal::models::predicted_saved_bytes(6, 16, 64, 128, 4);
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+namespace frugal {
+namespace models {
+
+class PreLNBlockImpl : public torch::nn::Module {
+ public:
+  PreLNBlockImpl(int64_t d_model, int64_t n_heads);
+  // x: (B, T, d_model) -> (B, T, d_model)
+  at::Tensor forward(const at::Tensor& x);
+
+  int64_t d_model() const { return d_model_; }
+  int64_t n_heads() const { return n_heads_; }
+
+ private:
+  int64_t d_model_;
+  int64_t n_heads_;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(PreLNBlock);
+
+// Causal multi-head attention that keeps the (B, H, T, T) probabilities for backward.
+// q, k, v: (B, H, T, dh) -> (B, H, T, dh)
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// Parameters of `layers` blocks: L * (12 d^2 + 13 d).
+int64_t block_param_count(int64_t layers, int64_t d_model);
+
+// Bytes autograd keeps between forward and backward for `layers` blocks without checkpointing,
+// excluding the parameters and the chain's input (derivation next to the code).
+int64_t predicted_saved_bytes(int64_t layers, int64_t batch, int64_t seq, int64_t d_model, int64_t n_heads,
+                              int64_t element_size = 4);
+
+}  // namespace models
+}  // namespace frugal

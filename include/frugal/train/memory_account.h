@@ -1,0 +1,74 @@
+// frugal/train/memory_account.h — where the training memory of a Transformer stack goes.
+//
+// Builds `layers` pre-LN blocks on a (batch, seq, width) input (loss = mean of the squared output)
+// and measures, with the allocation tracker: parameter, gradient and AdamW-state bytes (formula vs
+// real tensors vs tracker), the bytes kept between forward and backward for each checkpointing
+// variant, their forward+backward time, and how far their gradients are from the plain run's.
+//
+//   frugal::train::AccountConfig cfg;           // 6 layers, width 128, 4 heads, batch 16, seq 64
+//   auto result = frugal::train::run_memory_account(cfg);
+//   frugal::train::write_account_json(result, std::cout);
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace frugal {
+namespace train {
+
+struct AccountConfig {
+  int64_t layers = 6;
+  int64_t width = 128;
+  int64_t heads = 4;
+  int64_t batch = 16;
+  int64_t seq = 64;
+  uint64_t seed = 0;
+  bool timing = true;
+  int timing_warmup = 2;
+  int timing_runs = 7;
+  std::vector<std::string> variants = {"none", "full", "every_2", "selective"};
+};
+
+// "layers must be >= 1, got 0" style message for the first bad field, or empty when valid.
+std::string validate(const AccountConfig& config);
+
+struct BytesCheck {
+  int64_t formula = 0;  // from the sizes
+  int64_t tensors = 0;  // summed over the real tensors
+  int64_t tracked = 0;  // live bytes of the category in the allocation tracker
+  bool agree() const { return formula == tensors && tensors == tracked; }
+};
+
+struct VariantResult {
+  std::string name;
+  int64_t saved_bytes = 0;          // live between end of forward and start of backward
+  std::optional<double> time_s;     // median forward+backward
+  double max_grad_diff = 0;         // against the "none" variant, over every parameter
+};
+
+struct AccountResult {
+  AccountConfig config;
+  int64_t n_params = 0;
+  int64_t n_params_formula = 0;
+  BytesCheck param_bytes, grad_bytes, adamw_state_bytes;
+  std::vector<VariantResult> variants;  // in config.variants order; the first is the reference
+  int64_t predicted_saved_bytes_none = 0;
+
+  const VariantResult* find(const std::string& name) const;
+  double max_grad_diff() const;
+  double measured_over_predicted() const;  // needs a "none" variant
+};
+
+// Progress lines ("measuring full") go to `progress` when given.
+AccountResult run_memory_account(const AccountConfig& config,
+                                 const std::function<void(const std::string&)>& progress = {});
+
+void write_account_json(const AccountResult& result, std::ostream& out);
+void write_account_table(const AccountResult& result, std::ostream& out);
+
+}  // namespace train
+}  // namespace frugal

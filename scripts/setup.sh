@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs every system package frugal needs on Debian 12. Idempotent: safe to re-run.
+set -euo pipefail
+
+packages=(
+  cmake g++ make ccache
+  libtorch-dev          # LibTorch 1.13 (CPU)
+  libopenblas0-pthread  # without it matrix products fall back to reference BLAS (~30x slower)
+  libgtest-dev          # GoogleTest
+  python3               # the CLI test reads the JSON back
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all packages present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,68 @@
+#include "frugal/checkpoint/selective.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace frugal {
+namespace checkpoint {
+namespace detail {
+namespace {
+thread_local LinearCache* current_cache = nullptr;
+}  // namespace
+
+LinearCacheScope::LinearCacheScope(LinearCache* cache) : previous_(current_cache) { current_cache = cache; }
+LinearCacheScope::~LinearCacheScope() { current_cache = previous_; }
+
+}  // namespace detail
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// A Linear whose output is already known (kept by the first forward): forward hands the kept
+// output back, backward is the Linear's own backward from the saved input and weight.
+class KeptLinear : public torch::autograd::Function<KeptLinear> {
+ public:
+  // x: (..., in), weight: (out, in), bias: (out) or undefined, kept: (..., out)
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const at::Tensor& kept) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["has_bias"] = bias.defined();
+    return {kept};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& g = grads[0];  // (..., out)
+    const int64_t out = weight.size(0);
+    const int64_t in = weight.size(1);
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);  // (..., in)
+    if (ctx->needs_input_grad(1)) gw = g.reshape({-1, out}).t().mm(x.reshape({-1, in}));  // (out, in)
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g.reshape({-1, out}).sum(0);
+    return {gx, gw, gb, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  detail::LinearCache* cache = detail::current_cache;
+  if (cache == nullptr) return at::linear(x, weight, bias);
+  if (cache->mode == detail::LinearCache::Mode::record) {
+    at::Tensor y = at::linear(x, weight, bias);
+    cache->outputs.push_back(y);
+    return y;
+  }
+  TORCH_CHECK(cache->next < cache->outputs.size(),
+              "selective checkpoint: the recompute made more Linear calls (", cache->next + 1,
+              ") than the forward (", cache->outputs.size(), "); the region must run the same code twice");
+  at::Tensor kept = cache->outputs[cache->next];
+  cache->outputs[cache->next++] = at::Tensor();  // the graph holds it from here on
+  return KeptLinear::apply(x, weight, bias, kept)[0];
+}
+
+}  // namespace checkpoint
+}  // namespace frugal

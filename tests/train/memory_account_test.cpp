@@ -1,0 +1,98 @@
+// `frugal account`'s figures: exact byte counts, and the acceptance figures of each variant.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "frugal/models/transformer_block.h"
+#include "frugal/train/memory_account.h"
+
+using namespace frugal;
+
+namespace {
+
+void expect_acceptance(const train::AccountConfig& cfg) {
+  const train::AccountResult r = train::run_memory_account(cfg);
+  EXPECT_EQ(r.n_params, cfg.layers * (12 * cfg.width * cfg.width + 13 * cfg.width));
+  EXPECT_EQ(r.n_params, r.n_params_formula);
+  EXPECT_TRUE(r.param_bytes.agree());
+  EXPECT_TRUE(r.grad_bytes.agree());
+  EXPECT_TRUE(r.adamw_state_bytes.agree());
+  EXPECT_EQ(r.param_bytes.tensors, 4 * r.n_params);
+  EXPECT_EQ(r.adamw_state_bytes.tensors, 8 * r.n_params);
+
+  const auto* none = r.find("none");
+  const auto* full = r.find("full");
+  const auto* every2 = r.find("every_2");
+  const auto* selective = r.find("selective");
+  ASSERT_TRUE(none && full && every2 && selective);
+  const double n = static_cast<double>(none->saved_bytes);
+  EXPECT_LE(r.max_grad_diff(), 1e-6);
+  EXPECT_GE(r.measured_over_predicted(), 0.95);
+  EXPECT_LE(r.measured_over_predicted(), 1.05);
+  EXPECT_LE(full->saved_bytes, (cfg.layers + 1) * cfg.batch * cfg.seq * cfg.width * 4);
+  EXPECT_LT(selective->saved_bytes, 0.6 * n);
+  EXPECT_GT(selective->saved_bytes, full->saved_bytes);
+  EXPECT_NEAR(every2->saved_bytes / n, 0.5, 0.1);
+}
+
+}  // namespace
+
+TEST(MemoryAccount, SmallStackMeetsTheAcceptanceFigures) {
+  train::AccountConfig cfg;
+  cfg.layers = 4;
+  cfg.width = 64;
+  cfg.heads = 4;
+  cfg.batch = 4;
+  cfg.seq = 32;
+  cfg.timing = false;
+  expect_acceptance(cfg);
+}
+
+TEST(MemoryAccount, DefaultConfigurationMeetsTheAcceptanceFigures) {
+  train::AccountConfig cfg;
+  cfg.timing = false;
+  expect_acceptance(cfg);
+}
+
+TEST(MemoryAccount, PredictionFormula) {
+  // 16 (B, T, d) fp32 tensors plus the (B, H, T, T) probabilities per layer.
+  EXPECT_EQ(models::predicted_saved_bytes(1, 2, 3, 8, 2), 4 * (16 * 2 * 3 * 8 + 2 * 3 * 3 * 2));
+  EXPECT_EQ(models::predicted_saved_bytes(6, 16, 64, 128, 4), 6 * 4 * (16 * 16 * 64 * 128 + 4 * 16 * 64 * 64));
+}
+
+TEST(MemoryAccount, TimingAndJson) {
+  train::AccountConfig cfg;
+  cfg.layers = 2;
+  cfg.width = 32;
+  cfg.heads = 2;
+  cfg.batch = 2;
+  cfg.seq = 8;
+  cfg.timing_runs = 3;
+  cfg.timing_warmup = 1;
+  const auto r = train::run_memory_account(cfg);
+  for (const auto& v : r.variants) {
+    ASSERT_TRUE(v.time_s.has_value());
+    EXPECT_GT(*v.time_s, 0);
+  }
+  std::ostringstream json;
+  train::write_account_json(r, json);
+  for (const char* key : {"\"config\"", "\"n_params\"", "\"param_bytes\"", "\"grad_bytes\"", "\"adamw_state_bytes\"",
+                          "\"saved_bytes\"", "\"saved_ratio_vs_none\"", "\"time_s\"", "\"max_grad_diff\"",
+                          "\"predicted_saved_bytes_none\"", "\"measured_over_predicted\""}) {
+    EXPECT_NE(json.str().find(key), std::string::npos) << key;
+  }
+}
+
+TEST(MemoryAccount, ValidateNamesTheBadValue) {
+  train::AccountConfig cfg;
+  cfg.width = 130;
+  EXPECT_EQ(train::validate(cfg), "width must be divisible by heads, got width 130 and heads 4");
+  cfg.width = 128;
+  cfg.layers = 0;
+  EXPECT_EQ(train::validate(cfg), "layers must be a positive integer, got 0");
+  cfg.layers = 2;
+  cfg.variants = {"full"};
+  EXPECT_NE(train::validate(cfg), "");
+  cfg.variants = {"none", "sometimes"};
+  EXPECT_NE(train::validate(cfg).find("sometimes"), std::string::npos);
+}
