@@ -22,6 +22,7 @@ int run_account(int argc, char** argv) {
   args.add_int("layers", &config.layers, "number of Transformer blocks", 1);
   args.add_int("width", &config.width, "model width d_model (divisible by --heads)", 1);
   args.add_int("heads", &config.heads, "attention heads", 1);
+  args.add_device("device", &config.device, "where the model and activations live");
   args.add_int("batch", &config.batch, "batch size B", 1);
   args.add_int("seq", &config.seq, "sequence length T", 1);
   args.add_int("seed", &seed, "random seed", 0);

@@ -34,6 +34,16 @@ void Args::add_string(const std::string& name, std::string* target, const std::s
                     }});
 }
 
+void Args::add_device(const std::string& name, c10::Device* target, const std::string& help) {
+  flags_.push_back({name, help, "DEVICE", target->str(), true, [=](const std::string& text) {
+                      const bool ok = text == "cpu" || text == "cuda" ||
+                                      (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() < 9 &&
+                                       text.find_first_not_of("0123456789", 5) == std::string::npos);
+                      if (!ok) throw UsageError("--" + name + " must be cpu, cuda or cuda:N, got '" + text + "'");
+                      *target = c10::Device(text);
+                    }});
+}
+
 void Args::add_flag(const std::string& name, bool* target, const std::string& help) {
   flags_.push_back({name, help, "", "", false, [=](const std::string&) { *target = true; }});
 }

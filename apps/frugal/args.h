@@ -5,6 +5,8 @@
 //   if (!args.parse(argc, argv, 2)) return 0;     // --help printed
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -27,6 +29,8 @@ class Args {
   void add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value);
   void add_string(const std::string& name, std::string* target, const std::string& help,
                   const std::string& metavar = "VALUE");
+  // A device flag: "cpu", "cuda", "cuda:N".
+  void add_device(const std::string& name, c10::Device* target, const std::string& help);
   void add_flag(const std::string& name, bool* target, const std::string& help);
   // Positional arguments, in order (all required).
   void add_positional(const std::string& name, std::string* target, const std::string& help);

@@ -35,6 +35,7 @@ int bench_checkpoint(int argc, char** argv) {
   args.add_int("layers", &config.layers, "number of Transformer blocks", 1);
   args.add_int("width", &config.width, "model width (divisible by --heads)", 1);
   args.add_int("heads", &config.heads, "attention heads", 1);
+  args.add_device("device", &config.device, "where the model and activations live");
   args.add_int("batch", &config.batch, "batch size", 1);
   args.add_int("seq", &config.seq, "sequence length", 1);
   args.add_int("runs", &runs, "timed runs per policy", 1);

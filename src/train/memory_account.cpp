@@ -1,5 +1,6 @@
 #include "frugal/train/memory_account.h"
 
+#include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -74,6 +75,9 @@ std::string validate(const AccountConfig& c) {
       return e.what();
     }
   }
+  if (c.device.is_cuda() && !torch::cuda::is_available()) {
+    return "device " + c.device.str() + " is not available: this machine or LibTorch build has no CUDA device";
+  }
   if (c.timing_runs < 1 || c.timing_warmup < 0) return "timing needs at least one run";
   return "";
 }
@@ -119,7 +123,10 @@ AccountResult run_memory_account(const AccountConfig& config,
     torch::manual_seed(config.seed);
     {
       memory::CategoryScope scope(Category::parameter);
-      for (int64_t i = 0; i < L; ++i) stack.blocks.emplace_back(d, config.heads);
+      for (int64_t i = 0; i < L; ++i) {
+        stack.blocks.emplace_back(d, config.heads);
+        stack.blocks.back()->to(config.device);
+      }
     }
     stack.chain = checkpoint::make_chain(stack.blocks);
     for (const auto& b : stack.blocks) {
@@ -127,7 +134,7 @@ AccountResult run_memory_account(const AccountConfig& config,
     }
     {
       memory::CategoryScope scope(Category::input);
-      x = at::randn({B, T, d});  // (B, T, d)
+      x = at::randn({B, T, d}, at::TensorOptions().device(config.device));  // (B, T, d)
     }
 
     // (a) parameters, gradients and AdamW state: formula, real tensors, tracker
@@ -209,6 +216,7 @@ AccountResult run_memory_account(const AccountConfig& config,
         clear_grads(stack.params);
         const auto t0 = std::chrono::steady_clock::now();
         loss_of(stack, x, variants[i].second).backward();
+        if (config.device.is_cuda()) torch::cuda::synchronize(config.device.index());
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r >= config.timing_warmup) seconds.push_back(s);
       }
@@ -249,6 +257,7 @@ void write_account_json(const AccountResult& r, std::ostream& out) {
       .key("batch").value(r.config.batch)
       .key("seq").value(r.config.seq)
       .key("seed").value(static_cast<int64_t>(r.config.seed))
+      .key("device").value(r.config.device.str())
       .end_object();
   w.key("n_params").value(r.n_params);
   w.key("param_bytes").value(r.param_bytes.tensors);
@@ -293,8 +302,8 @@ std::string human_bytes(int64_t bytes) {
 void write_account_table(const AccountResult& r, std::ostream& out) {
   const auto& c = r.config;
   out << "frugal account: " << c.layers << " pre-LN blocks, width " << c.width << ", " << c.heads
-      << " heads, input (" << c.batch << ", " << c.seq << ", " << c.width << "), fp32, " << r.n_params
-      << " parameters\n\n";
+      << " heads, input (" << c.batch << ", " << c.seq << ", " << c.width << "), fp32 on " << c.device.str()
+      << ", " << r.n_params << " parameters\n\n";
   out << std::left << std::setw(20) << "bucket" << std::right << std::setw(14) << "formula" << std::setw(14)
       << "tensors" << std::setw(14) << "tracker" << "\n";
   auto row = [&](const char* name, const BytesCheck& b) {

@@ -38,6 +38,9 @@ expect 2 "--width must be divisible by heads" -- account --width 130 --heads 4
 expect 2 "--heads takes an integer, got 'four'" -- account --heads four
 expect 2 "--seq needs a value" -- account --seq
 expect 2 "unknown benchmark 'nope'" -- bench nope
+expect 2 "--device must be cpu, cuda or cuda:N, got 'tpu'" -- account --device tpu
+expect 2 "unexpected argument 'extra'" -- account extra
+expect 2 "device cuda:0 is not available" -- account --device cuda:0
 
 # A small real run: the JSON keys are exactly the documented ones.
 expect 0 "measured / predicted" -- account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --json-out "$tmp/a.json"

@@ -10,6 +10,8 @@
 //   frugal::train::write_account_json(result, std::cout);
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -27,6 +29,7 @@ struct AccountConfig {
   int64_t batch = 16;
   int64_t seq = 64;
   uint64_t seed = 0;
+  c10::Device device = c10::Device(c10::kCPU);
   bool timing = true;
   int timing_warmup = 2;
   int timing_runs = 7;
