@@ -1,9 +1,11 @@
 #include "frugal/checkpoint/checkpoint.h"
 
-#include <algorithm>
-
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <sstream>
 
 #include "frugal/checkpoint/selective.h"
 #include "frugal/memory/tracker.h"
@@ -15,15 +17,114 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// What backward needs besides the saved inputs: the function, its parameters, the options, and
-// (selective) the kept Linear outputs. Held by the autograd node, freed with it.
+// What the recompute must reproduce about one forward output.
+struct OutputSignature {
+  bool defined = false;
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  double sum = 0, abs_sum = 0;  // strict mode only
+};
+
+// The generators' states at forward time, for the devices the region touches.
+struct RngSnapshot {
+  std::vector<std::pair<c10::Device, at::Tensor>> states;
+
+  static RngSnapshot capture(const std::vector<at::Tensor>& tensors) {
+    RngSnapshot snap;
+    snap.states.emplace_back(c10::Device(c10::kCPU), at::detail::getDefaultCPUGenerator().get_state());
+    std::vector<c10::Device> cuda;
+    for (const at::Tensor& t : tensors) {
+      if (t.defined() && t.is_cuda() && std::find(cuda.begin(), cuda.end(), t.device()) == cuda.end()) {
+        cuda.push_back(t.device());
+      }
+    }
+    for (const c10::Device& d : cuda) snap.states.emplace_back(d, generator(d).get_state());
+    return snap;
+  }
+  static at::Generator generator(c10::Device d) { return at::globalContext().defaultGenerator(d); }
+};
+
+// Sets the generators to a snapshot for the recompute; puts the current states back on exit, so
+// the rest of training draws the same numbers as without checkpointing.
+class RngFork {
+ public:
+  explicit RngFork(const RngSnapshot& snapshot) {
+    for (const auto& [device, state] : snapshot.states) {
+      at::Generator gen = RngSnapshot::generator(device);
+      saved_.emplace_back(device, gen.get_state());
+      gen.set_state(state);
+    }
+  }
+  ~RngFork() {
+    for (const auto& [device, state] : saved_) RngSnapshot::generator(device).set_state(state);
+  }
+
+ private:
+  std::vector<std::pair<c10::Device, at::Tensor>> saved_;
+};
+
+// What backward needs besides the saved inputs: the function, its parameters, the options, the
+// forward-time RNG and buffer states, the output signatures and (selective) the kept Linear
+// outputs. Held by the autograd node, freed with it.
 struct Region : torch::CustomClassHolder {
   RegionFn fn;
   std::vector<at::Tensor> params;
   CheckpointOptions options;
   size_t n_inputs = 0;
   detail::LinearCache kept;
+  RngSnapshot rng;
+  std::vector<at::Tensor> buffers_before;  // buffer values when the forward started
+  std::vector<OutputSignature> outputs;
 };
+
+std::string describe(const OutputSignature& s) {
+  std::ostringstream out;
+  if (!s.defined) return "undefined";
+  out << "shape " << c10::IntArrayRef(s.sizes) << ", " << c10::toString(s.dtype) << ", " << s.device;
+  return out.str();
+}
+
+OutputSignature signature_of(const at::Tensor& t, bool strict) {
+  OutputSignature s;
+  if (!t.defined()) return s;
+  s.defined = true;
+  s.sizes = t.sizes().vec();
+  s.dtype = t.scalar_type();
+  s.device = t.device();
+  if (strict && (t.is_floating_point() || t.is_complex() || t.numel() > 0)) {
+    at::NoGradGuard no_grad;
+    const at::Tensor d = t.detach().to(at::kDouble);
+    s.sum = d.sum().item<double>();
+    s.abs_sum = d.abs().sum().item<double>();
+  }
+  return s;
+}
+
+// Throws, naming the region and the first output whose recompute differs from the forward.
+void check_recompute(const Region& region, const std::vector<at::Tensor>& recomputed) {
+  const std::string& name = region.options.name();
+  TORCH_CHECK(recomputed.size() == region.outputs.size(), "checkpoint: region '", name, "' returned ",
+              recomputed.size(), " outputs when recomputed but ", region.outputs.size(),
+              " in the forward; the region must run the same code twice");
+  const bool strict = region.options.strict();
+  for (size_t i = 0; i < recomputed.size(); ++i) {
+    const OutputSignature& want = region.outputs[i];
+    const OutputSignature got = signature_of(recomputed[i], strict);
+    TORCH_CHECK(got.defined == want.defined && got.sizes == want.sizes && got.dtype == want.dtype &&
+                    got.device == want.device,
+                "checkpoint: region '", name, "' output ", i, " differs between forward (", describe(want),
+                ") and recompute (", describe(got), ")");
+    if (strict && want.defined) {
+      const double tol = region.options.strict_rtol() * std::max(want.abs_sum, 1e-30);
+      TORCH_CHECK(std::abs(got.sum - want.sum) <= tol && std::abs(got.abs_sum - want.abs_sum) <= tol,
+                  "checkpoint: region '", name, "' output ", i,
+                  " has different values in the recompute than in the forward (checksum ", want.sum, " vs ",
+                  got.sum, "); the region is not deterministic: random numbers drawn without "
+                  "preserve_rng_state, a buffer or global read in forward, or a nondeterministic kernel");
+    }
+  }
+}
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
@@ -31,13 +132,16 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Region> region,
                                at::TensorList tensors) {
     std::vector<at::Tensor> inputs(tensors.begin(), tensors.begin() + region->n_inputs);
+    const CheckpointOptions& opt = region->options;
+    if (opt.preserve_rng_state()) region->rng = RngSnapshot::capture(tensors.vec());
+    for (const at::Tensor& b : opt.buffers()) region->buffers_before.push_back(b.defined() ? b.clone() : b);
     std::vector<at::Tensor> outputs;
     {
       // Autograd runs this with grad mode off: nothing inside the region is kept for backward.
-      detail::LinearCache* cache = region->options.keep_linear_outputs() ? &region->kept : nullptr;
-      detail::LinearCacheScope cache_scope(cache);
+      detail::LinearCacheScope cache_scope(opt.keep_linear_outputs() ? &region->kept : nullptr);
       outputs = region->fn(inputs);
     }
+    for (const at::Tensor& out : outputs) region->outputs.push_back(signature_of(out, opt.strict()));
     ctx->save_for_backward(inputs);
     for (const at::Tensor& out : outputs) {
       if (out.defined() && !out.is_floating_point() && !out.is_complex()) ctx->mark_non_differentiable({out});
@@ -49,6 +153,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto region = c10::static_intrusive_pointer_cast<Region>(ctx->saved_data["region"].toCapsule());
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const CheckpointOptions& opt = region->options;
     const size_t n_in = region->n_inputs;
 
     std::vector<at::Tensor> detached;
@@ -63,19 +168,31 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       detached.push_back(d);
     }
 
+    // Buffers: recompute from their forward-time values; what they hold now is put back once the
+    // gradients are computed (the recompute's graph may have saved them), so the forward's update
+    // is the only one, bit for bit.
+    std::vector<at::Tensor> buffers_now;
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < opt.buffers().size(); ++i) {
+        at::Tensor b = opt.buffers()[i];
+        buffers_now.push_back(b.defined() ? b.clone() : b);
+        if (b.defined()) b.copy_(region->buffers_before[i]);
+      }
+    }
     std::vector<at::Tensor> outputs;
     {
       at::AutoGradMode grad_on(true);
       memory::CategoryScope recomputed(memory::Category::activation);
+      std::optional<RngFork> rng;
+      if (opt.preserve_rng_state()) rng.emplace(region->rng);
       region->kept.mode = detail::LinearCache::Mode::replay;
       region->kept.next = 0;
-      detail::LinearCache* cache = region->options.keep_linear_outputs() ? &region->kept : nullptr;
-      detail::LinearCacheScope cache_scope(cache);
+      detail::LinearCacheScope cache_scope(opt.keep_linear_outputs() ? &region->kept : nullptr);
       outputs = region->fn(detached);
     }
     region->kept.outputs.clear();
-    TORCH_CHECK(outputs.size() == grad_outputs.size(), "checkpoint: the recompute returned ", outputs.size(),
-                " outputs but the forward returned ", grad_outputs.size());
+    check_recompute(*region, outputs);
 
     std::vector<at::Tensor> roots, root_grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -108,6 +225,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                                                         create_graph, /*allow_unused=*/true);
       for (size_t k = 0; k < targets.size(); ++k) result[1 + target_slot[k]] = grads[k];
     }
+    outputs.clear();  // drop the recompute's graph before touching the buffers it saved
+    roots.clear();
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < buffers_now.size(); ++i) {
+        if (buffers_now[i].defined()) opt.buffers()[i].copy_(buffers_now[i]);
+      }
+    }
     return result;
   }
 };
@@ -116,7 +241,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
 std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& inputs,
                                    const std::vector<at::Tensor>& params, const CheckpointOptions& options) {
-  TORCH_CHECK(fn, "checkpoint: the region function is empty");
+  TORCH_CHECK(fn, "checkpoint: the region function of '", options.name(), "' is empty");
   const bool any_grad = std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) {
     return t.defined() && t.requires_grad();
   }) || std::any_of(params.begin(), params.end(), [](const at::Tensor& t) { return t.requires_grad(); });
@@ -136,7 +261,7 @@ std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& i
 
 at::Tensor checkpoint(UnaryFn fn, const at::Tensor& input, const std::vector<at::Tensor>& params,
                       const CheckpointOptions& options) {
-  TORCH_CHECK(fn, "checkpoint: the region function is empty");
+  TORCH_CHECK(fn, "checkpoint: the region function of '", options.name(), "' is empty");
   RegionFn wrapped = [f = std::move(fn)](const std::vector<at::Tensor>& in) {
     return std::vector<at::Tensor>{f(in[0])};
   };

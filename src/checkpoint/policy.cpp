@@ -51,11 +51,14 @@ CheckpointOptions CheckpointPolicy::options() const {
 }
 
 at::Tensor run_chain(const std::vector<ChainBlock>& chain, at::Tensor x, const CheckpointPolicy& policy) {
-  const CheckpointOptions options = policy.options();
   for (size_t i = 0; i < chain.size(); ++i) {
     const ChainBlock& block = chain[i];
-    x = policy.checkpoints(static_cast<int64_t>(i)) ? checkpoint(block.forward, x, block.params, options)
-                                                     : block.forward(x);
+    if (policy.checkpoints(static_cast<int64_t>(i))) {
+      CheckpointOptions options = policy.options().name("block " + std::to_string(i)).buffers(block.buffers);
+      x = checkpoint(block.forward, x, block.params, options);
+    } else {
+      x = block.forward(x);
+    }
   }
   return x;
 }

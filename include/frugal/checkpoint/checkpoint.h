@@ -10,14 +10,21 @@
 //       [&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{f(in[0], in[1])}; },
 //       {a, b}, params);                                                     // any callable
 //
-// The region must compute the same thing when re-run: it is called twice per training step (use
-// options to keep matrix-product outputs instead of recomputing them, see selective.h).
+// Safe by default: the random-number generators are restored for the recompute (dropout masks
+// match), buffers the region updates in forward (BatchNorm's running statistics) end the step with
+// exactly the plain run's values, and the recompute's outputs are checked against the forward's
+// (shape, dtype, device; values too with .strict(true)).
+//
+// The region is called twice per training step: once in forward, once in backward. Non-tensor
+// arguments are captured by the callable. Use options to keep matrix-product outputs instead of
+// recomputing them (selective.h).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace frugal {
@@ -27,6 +34,19 @@ struct CheckpointOptions {
   // Keep the outputs of the region's matrix products made through checkpoint::linear and
   // recompute everything else ("selective" checkpointing).
   TORCH_ARG(bool, keep_linear_outputs) = false;
+  // Restore the CPU generator (and the CUDA generators of the devices the region's tensors are on)
+  // to their forward-time state for the recompute, then put them back.
+  TORCH_ARG(bool, preserve_rng_state) = true;
+  // Buffers the region may update in forward (BatchNorm running_mean, running_var,
+  // num_batches_tracked): the recompute starts from their forward-time values and its updates are
+  // undone, so the step updates them once. The module overload fills this in.
+  TORCH_ARG(std::vector<at::Tensor>, buffers) = {};
+  // Also compare the recompute's output values with the forward's (a checksum per output).
+  TORCH_ARG(bool, strict) = false;
+  // Relative tolerance of the strict comparison.
+  TORCH_ARG(double, strict_rtol) = 1e-5;
+  // Named in error messages.
+  TORCH_ARG(std::string, name) = "checkpoint region";
 };
 
 using RegionFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
@@ -45,8 +65,9 @@ at::Tensor checkpoint(UnaryFn fn, const at::Tensor& input, const std::vector<at:
 // A module with forward(Tensor) -> Tensor (a ModuleHolder such as torch::nn::Linear, or a
 // std::shared_ptr to a module). The module is held until backward has run.
 template <typename ModulePtr>
-at::Tensor checkpoint(ModulePtr module, const at::Tensor& input, const CheckpointOptions& options = {}) {
+at::Tensor checkpoint(ModulePtr module, const at::Tensor& input, CheckpointOptions options = {}) {
   std::vector<at::Tensor> params = module->parameters();
+  if (options.buffers().empty()) options.buffers(module->buffers());
   return checkpoint(UnaryFn([module](const at::Tensor& x) mutable { return module->forward(x); }), input,
                     params, options);
 }

@@ -35,12 +35,13 @@ struct CheckpointPolicy {
 
   std::string name() const;  // the text parse() accepts
   bool checkpoints(int64_t block_index) const;
-  CheckpointOptions options() const;
+  CheckpointOptions options() const;  // for one block; run_chain adds the name and buffers
 };
 
 struct ChainBlock {
   UnaryFn forward;                  // x: (B, T, d) -> (B, T, d) for a Transformer layer
   std::vector<at::Tensor> params;   // what forward reads besides x
+  std::vector<at::Tensor> buffers;  // what forward may update (BatchNorm statistics)
 };
 
 // Applies the blocks in order, checkpointing those the policy names.
@@ -52,7 +53,8 @@ std::vector<ChainBlock> make_chain(const std::vector<ModulePtr>& blocks) {
   std::vector<ChainBlock> chain;
   chain.reserve(blocks.size());
   for (const ModulePtr& b : blocks) {
-    chain.push_back({[b = ModulePtr(b)](const at::Tensor& x) mutable { return b->forward(x); }, b->parameters()});
+    chain.push_back({[b = ModulePtr(b)](const at::Tensor& x) mutable { return b->forward(x); }, b->parameters(),
+                     b->buffers()});
   }
   return chain;
 }
