@@ -5,6 +5,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/io/units.h"
 #include "frugal/train/memory_account.h"
 
 namespace frugal {
@@ -15,10 +16,12 @@ int run_account(int argc, char** argv) {
   int64_t seed = 0;
   std::string json_out = "account.json";
   bool skip_timing = false;
+  int64_t budget = -1;
   Args args("account",
             "Measure parameter, gradient and AdamW-state bytes of a stack of pre-LN Transformer blocks, and\n"
             "the activation bytes kept for backward with no checkpointing, full, every second block and\n"
-            "selective checkpointing, against a per-layer formula. Prints a table and writes JSON.");
+            "selective checkpointing, against a per-layer formula. With --budget, also plans which blocks\n"
+            "to checkpoint to fit an activation budget and measures the plan. Prints a table and writes JSON.");
   args.add_int("layers", &config.layers, "number of Transformer blocks", 1);
   args.add_int("width", &config.width, "model width d_model (divisible by --heads)", 1);
   args.add_int("heads", &config.heads, "attention heads", 1);
@@ -27,10 +30,13 @@ int run_account(int argc, char** argv) {
   args.add_int("seq", &config.seq, "sequence length T", 1);
   args.add_int("seed", &seed, "random seed", 0);
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_bytes("budget", &budget,
+                  "activation budget: plan which blocks to checkpoint so the activation peak fits, then measure it");
   args.add_flag("skip-timing", &skip_timing, "do not time forward+backward (time_s is null)");
   if (!args.parse(argc, argv, 2)) return 0;
   config.seed = static_cast<uint64_t>(seed);
   config.timing = !skip_timing;
+  if (budget >= 0) config.budget_bytes.push_back(budget);
   const std::string invalid = train::validate(config);
   if (!invalid.empty()) throw UsageError("--" + invalid);
 
@@ -38,6 +44,12 @@ int run_account(int argc, char** argv) {
   train::AccountResult result = train::run_memory_account(config, [](const std::string& line) {
     std::cerr << "frugal account: " << line << "\n";
   });
+  if (!result.budgets.empty() && !result.budgets.front().feasible) {
+    const auto& b = result.budgets.front();
+    throw UsageError("--budget " + std::to_string(b.budget_bytes) + " (" + io::human_bytes(b.budget_bytes) +
+                     ") cannot be met: the smallest achievable activation peak for this stack is " +
+                     std::to_string(b.min_achievable_bytes) + " bytes (" + io::human_bytes(b.min_achievable_bytes) + ")");
+  }
   std::ostringstream table, json;
   train::write_account_table(result, table);
   train::write_account_json(result, json);

@@ -1,5 +1,7 @@
 #include "args.h"
 
+#include "frugal/io/units.h"
+
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
@@ -31,6 +33,18 @@ void Args::add_string(const std::string& name, std::string* target, const std::s
   flags_.push_back({name, help, metavar, *target, true, [=](const std::string& text) {
                       if (text.empty()) throw UsageError("--" + name + " needs a non-empty value");
                       *target = text;
+                    }});
+}
+
+void Args::add_bytes(const std::string& name, int64_t* target, const std::string& help) {
+  flags_.push_back({name, help, "BYTES", *target >= 0 ? std::to_string(*target) : "", true,
+                    [=](const std::string& text) {
+                      const auto bytes = io::parse_bytes(text);
+                      if (!bytes) {
+                        throw UsageError("--" + name + " takes a byte count such as 50000000, 64MiB or 1.5GiB, got '" +
+                                         text + "'");
+                      }
+                      *target = *bytes;
                     }});
 }
 

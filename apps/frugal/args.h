@@ -29,6 +29,8 @@ class Args {
   void add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value);
   void add_string(const std::string& name, std::string* target, const std::string& help,
                   const std::string& metavar = "VALUE");
+  // A byte count: 123, 64MiB, 1.5GiB, 20M, 512K. Unset flags keep *target at -1 (help shows none).
+  void add_bytes(const std::string& name, int64_t* target, const std::string& help);
   // A device flag: "cpu", "cuda", "cuda:N".
   void add_device(const std::string& name, c10::Device* target, const std::string& help);
   void add_flag(const std::string& name, bool* target, const std::string& help);

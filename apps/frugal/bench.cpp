@@ -17,7 +17,8 @@ const char* kBenchUsage =
     "\n"
     "benchmarks:\n"
     "  checkpoint   forward+backward time and kept activation bytes of each checkpointing policy\n"
-    "               against none (time_ratio, memory_ratio), on a 12-layer d=256 stack\n"
+    "               against none (time_ratio, memory_ratio), on a 12-layer d=256 stack, and the\n"
+    "               budget planner's plans at 25%, 50% and 75% of the plain activation peak\n"
     "\n"
     "'frugal bench NAME --help' describes its flags.\n";
 
@@ -42,6 +43,7 @@ int bench_checkpoint(int argc, char** argv) {
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   config.timing_runs = static_cast<int>(runs);
+  config.budget_fractions = {0.25, 0.5, 0.75};
   const std::string invalid = train::validate(config);
   if (!invalid.empty()) throw UsageError("--" + invalid);
 
@@ -70,6 +72,40 @@ int bench_checkpoint(int argc, char** argv) {
     std::fprintf(stderr, "%-10s memory_ratio %.3f  time_ratio %.3f\n", v.name.c_str(), memory_ratio, time_ratio);
   }
   w.end_object();
+  w.key("activation_peak_none").value(r.activation_peak_none);
+  w.key("planner_predicted_none").value(r.planner_predicted_none);
+  w.key("plans").begin_array();
+  const double fractions[] = {0.25, 0.5, 0.75};
+  for (size_t i = 0; i < r.budgets.size(); ++i) {
+    const auto& b = r.budgets[i];
+    if (!b.feasible) {
+      throw std::runtime_error("the planner found no plan for " + std::to_string(fractions[i]) +
+                               " of the plain activation peak (smallest achievable: " +
+                               std::to_string(b.min_achievable_bytes) + " bytes)");
+    }
+    w.begin_object().key("fraction_of_none").value(fractions[i]);
+    w.key("budget_bytes").value(b.budget_bytes)
+        .key("plan").value(b.plan.describe())
+        .key("predicted_bytes").value(b.plan.predicted_bytes)
+        .key("measured_bytes").value(b.measured_bytes)
+        .key("measured_over_predicted").value(static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes))
+        .key("time_ratio").value(*b.time_s / *none->time_s)
+        .key("recompute_s").value(b.plan.recompute_s)
+        .key("max_grad_diff").value(b.max_grad_diff)
+        .end_object();
+    std::fprintf(stderr, "budget %.0f%%: %s  predicted %lld  measured %lld (%.3f)  time_ratio %.3f\n", fractions[i] * 100,
+                 b.plan.describe().c_str(), static_cast<long long>(b.plan.predicted_bytes),
+                 static_cast<long long>(b.measured_bytes),
+                 static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes), *b.time_s / *none->time_s);
+  }
+  w.end_array();
+  if (!r.budgets.empty()) {
+    w.key("sqrt_n").begin_object()
+        .key("plan").value(r.budgets[0].sqrt_n.describe())
+        .key("predicted_bytes").value(r.budgets[0].sqrt_n.predicted_bytes)
+        .key("recompute_s").value(r.budgets[0].sqrt_n.recompute_s)
+        .end_object();
+  }
   w.key("full_kept_bound_bytes").value((config.layers + 1) * config.batch * config.seq * config.width * 4);
   w.end_object();
   write_output(json_out, json.str());

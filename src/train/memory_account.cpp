@@ -10,6 +10,7 @@
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/io/json.h"
+#include "frugal/io/units.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/models/transformer_block.h"
 
@@ -28,11 +29,15 @@ int64_t category_bytes(const memory::Tracker& tracker, Category c) {
   return tracker.live_by_category()[static_cast<int>(c)];
 }
 
+// The measured model: `layers` pre-LN blocks as a chain.
 struct Stack {
   std::vector<models::PreLNBlock> blocks;
   std::vector<checkpoint::ChainBlock> chain;
   std::vector<at::Tensor> params;
 };
+
+// How a variant runs the chain: x (B, T, d) -> (B, T, d)
+using Runner = std::function<at::Tensor(const at::Tensor&)>;
 
 void clear_grads(const std::vector<at::Tensor>& params) {
   for (const at::Tensor& p : params) {
@@ -41,8 +46,39 @@ void clear_grads(const std::vector<at::Tensor>& params) {
   }
 }
 
-at::Tensor loss_of(const Stack& stack, const at::Tensor& x, const checkpoint::CheckpointPolicy& policy) {
-  return checkpoint::run_chain(stack.chain, x, policy).pow(2).mean();
+struct StepMeasure {
+  int64_t kept_bytes = 0;        // live between the end of forward and the start of backward
+  int64_t activation_peak = 0;   // highest live activation bytes over forward and backward
+  std::vector<at::Tensor> grads;
+};
+
+// One forward+backward of loss = mean(run(x)^2) under the tracker.
+StepMeasure measure_step(memory::Tracker& tracker, const Stack& stack, const at::Tensor& x, const Runner& run) {
+  clear_grads(stack.params);
+  StepMeasure m;
+  tracker.reset_peak();
+  const int64_t before = tracker.live_bytes();
+  at::Tensor loss;
+  {
+    memory::PhaseScope phase(Phase::forward);
+    loss = run(x).pow(2).mean();
+  }
+  m.kept_bytes = tracker.live_bytes() - before;
+  {
+    memory::PhaseScope phase(Phase::backward);
+    loss.backward();
+  }
+  loss.reset();
+  m.activation_peak = tracker.peak_report().max_by_category[static_cast<int>(Category::activation)];
+  for (const auto& p : stack.params) m.grads.push_back(p.grad().clone());
+  clear_grads(stack.params);
+  return m;
+}
+
+double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
+  return m;
 }
 
 double median(std::vector<double> v) {
@@ -109,15 +145,14 @@ AccountResult run_memory_account(const AccountConfig& config,
     if (progress) progress(line);
   };
   const int64_t L = config.layers, d = config.width, B = config.batch, T = config.seq;
+  const bool cuda = config.device.is_cuda();
 
   AccountResult result;
   result.config = config;
   auto tracker = memory::Tracker::create();
   Stack stack;
   at::Tensor x;
-  std::vector<std::pair<std::string, checkpoint::CheckpointPolicy>> variants;
-  for (const auto& name : config.variants) variants.emplace_back(name, checkpoint::CheckpointPolicy::parse(name));
-  std::vector<at::Tensor> reference_grads;
+  std::vector<std::pair<std::string, Runner>> runs;  // (name, runner) of every variant and plan, for timing
   {
     memory::TrackingGuard tracking(tracker);
     torch::manual_seed(config.seed);
@@ -152,7 +187,7 @@ AccountResult run_memory_account(const AccountConfig& config,
       at::Tensor loss;
       {
         memory::PhaseScope phase(Phase::forward);
-        loss = loss_of(stack, x, checkpoint::CheckpointPolicy::none());
+        loss = checkpoint::run_chain(stack.chain, x, checkpoint::CheckpointPolicy::none()).pow(2).mean();
       }
       memory::PhaseScope phase(Phase::backward);
       loss.backward();
@@ -172,55 +207,77 @@ AccountResult run_memory_account(const AccountConfig& config,
     result.adamw_state_bytes.tracked = category_bytes(*tracker, Category::optimizer_state);
     clear_grads(stack.params);
 
-    // (b) bytes kept between forward and backward, (d) gradient equality, per variant.
-    // "none" runs first: it is the reference the others are compared with.
-    std::vector<size_t> order(variants.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_partition(order.begin(), order.end(), [&](size_t i) { return variants[i].first == "none"; });
-    result.variants.resize(variants.size());
-    for (size_t i : order) {
-      const auto& [name, policy] = variants[i];
-      say("measuring " + name);
-      VariantResult& v = result.variants[i];
-      v.name = name;
-      clear_grads(stack.params);
-      const int64_t before = tracker->live_bytes();
-      at::Tensor loss;
-      {
-        memory::PhaseScope phase(Phase::forward);
-        loss = loss_of(stack, x, policy);
+    // The plain run: reference gradients and activation peak.
+    const StepMeasure plain = measure_step(*tracker, stack, x, [&](const at::Tensor& in) {
+      return checkpoint::run_chain(stack.chain, in, checkpoint::CheckpointPolicy::none());
+    });
+    result.activation_peak_none = plain.activation_peak;
+
+    // (f) budget plans: measure each block once, plan, run the plan, measure it.
+    if (!config.budget_bytes.empty() || !config.budget_fractions.empty()) {
+      say("measuring each block for the planner");
+      const auto costs = checkpoint::measure_chain(stack.chain, x);
+      result.planner_predicted_none = checkpoint::no_checkpoint_plan(costs).predicted_bytes;
+      std::vector<int64_t> budgets = config.budget_bytes;
+      for (double f : config.budget_fractions) {
+        budgets.push_back(static_cast<int64_t>(f * static_cast<double>(plain.activation_peak)));
       }
-      v.saved_bytes = tracker->live_bytes() - before;
-      {
-        memory::PhaseScope phase(Phase::backward);
-        loss.backward();
-      }
-      loss.reset();
-      if (reference_grads.empty()) {
-        for (const auto& p : stack.params) reference_grads.push_back(p.grad().clone());
-      }
-      for (size_t j = 0; j < stack.params.size(); ++j) {
-        const double diff = (stack.params[j].grad() - reference_grads[j]).abs().max().item<double>();
-        v.max_grad_diff = std::max(v.max_grad_diff, diff);
+      for (int64_t budget : budgets) {
+        BudgetResult br;
+        br.budget_bytes = budget;
+        br.min_achievable_bytes = checkpoint::min_achievable_bytes(costs);
+        br.sqrt_n = checkpoint::sqrt_n_plan(costs);
+        const auto plan = checkpoint::plan_for_budget(costs, budget);
+        br.feasible = plan.has_value();
+        if (!br.feasible) {
+          result.budgets.push_back(br);
+          return result;  // nothing else is meaningful for an impossible budget
+        }
+        br.plan = *plan;
+        say("running the plan for a budget of " + std::to_string(budget) + " bytes: " + plan->describe());
+        Runner runner = [&stack, p = *plan](const at::Tensor& in) { return checkpoint::run_plan(stack.chain, in, p); };
+        const StepMeasure m = measure_step(*tracker, stack, x, runner);
+        br.measured_bytes = m.activation_peak;
+        br.max_grad_diff = max_abs_diff(m.grads, plain.grads);
+        runs.emplace_back("budget " + std::to_string(budget), runner);
+        result.budgets.push_back(br);
       }
     }
-    clear_grads(stack.params);
+
+    // (b) bytes kept between forward and backward, (d) gradient equality, per variant.
+    for (const std::string& name : config.variants) {
+      say("measuring " + name);
+      const auto policy = checkpoint::CheckpointPolicy::parse(name);
+      Runner runner = [&stack, policy](const at::Tensor& in) { return checkpoint::run_chain(stack.chain, in, policy); };
+      const StepMeasure m = name == "none" ? plain : measure_step(*tracker, stack, x, runner);
+      VariantResult v;
+      v.name = name;
+      v.saved_bytes = m.kept_bytes;
+      v.max_grad_diff = max_abs_diff(m.grads, plain.grads);
+      result.variants.push_back(v);
+      runs.emplace_back(name, runner);
+    }
   }
 
   // (c) forward+backward time, without the tracker (its bookkeeping would be timed too)
   if (config.timing) {
-    for (size_t i = 0; i < variants.size(); ++i) {
-      say("timing " + variants[i].first);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      say("timing " + runs[i].first);
       std::vector<double> seconds;
       for (int r = 0; r < config.timing_warmup + config.timing_runs; ++r) {
         clear_grads(stack.params);
         const auto t0 = std::chrono::steady_clock::now();
-        loss_of(stack, x, variants[i].second).backward();
-        if (config.device.is_cuda()) torch::cuda::synchronize(config.device.index());
+        runs[i].second(x).pow(2).mean().backward();
+        if (cuda) torch::cuda::synchronize(config.device.index());
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r >= config.timing_warmup) seconds.push_back(s);
       }
-      result.variants[i].time_s = median(seconds);
+      const double t = median(seconds);
+      if (i < result.budgets.size()) {
+        result.budgets[i].time_s = t;
+      } else {
+        result.variants[i - result.budgets.size()].time_s = t;
+      }
     }
     clear_grads(stack.params);
   }
@@ -246,6 +303,11 @@ void write_by_variant(io::JsonWriter& w, const std::string& key, const AccountRe
 }  // namespace
 
 void write_account_json(const AccountResult& r, std::ostream& out) {
+  if (!r.budgets.empty() && !r.budgets.front().feasible) {
+    io::JsonWriter w(out);
+    write_budget_json(w, r.budgets.front(), r);
+    return;
+  }
   const VariantResult* none = r.find("none");
   const double none_bytes = none ? static_cast<double>(none->saved_bytes) : 0.0;
   io::JsonWriter w(out);
@@ -277,27 +339,44 @@ void write_account_json(const AccountResult& r, std::ostream& out) {
   w.key("max_grad_diff").value(r.max_grad_diff());
   w.key("predicted_saved_bytes_none").value(r.predicted_saved_bytes_none);
   w.key("measured_over_predicted").value(r.measured_over_predicted());
+  if (!r.budgets.empty()) {
+    w.key("budget_plan");
+    write_budget_json(w, r.budgets.front(), r);
+  }
   w.end_object();
 }
 
-namespace {
-
-std::string human_bytes(int64_t bytes) {
-  char buf[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) {
-    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  } else if (b >= 1024.0 * 1024) {
-    std::snprintf(buf, sizeof(buf), "%.2f MiB", b / (1024.0 * 1024));
-  } else if (b >= 1024.0) {
-    std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024.0);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+void write_budget_json(io::JsonWriter& w, const BudgetResult& b, const AccountResult& r) {
+  const VariantResult* none = r.find("none");
+  w.begin_object();
+  w.key("budget_bytes").value(b.budget_bytes);
+  w.key("feasible").value(b.feasible);
+  w.key("min_achievable_bytes").value(b.min_achievable_bytes);
+  if (b.feasible) {
+    w.key("plan").value(b.plan.describe());
+    w.key("checkpointed_blocks").value(b.plan.checkpointed_blocks());
+    w.key("predicted_bytes").value(b.plan.predicted_bytes);
+    w.key("measured_bytes").value(b.measured_bytes);
+    w.key("measured_over_predicted").value(static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes));
+    w.key("recompute_s").value(b.plan.recompute_s);
+    w.key("memory_ratio").value(static_cast<double>(b.measured_bytes) / static_cast<double>(r.activation_peak_none));
+    if (b.time_s && none && none->time_s) {
+      w.key("time_s").value(*b.time_s);
+      w.key("time_ratio").value(*b.time_s / *none->time_s);
+    } else {
+      w.key("time_s").null();
+      w.key("time_ratio").null();
+    }
+    w.key("max_grad_diff").value(b.max_grad_diff);
   }
-  return buf;
+  w.key("activation_peak_none").value(r.activation_peak_none);
+  w.key("sqrt_n").begin_object()
+      .key("plan").value(b.sqrt_n.describe())
+      .key("predicted_bytes").value(b.sqrt_n.predicted_bytes)
+      .key("recompute_s").value(b.sqrt_n.recompute_s)
+      .end_object();
+  w.end_object();
 }
-
-}  // namespace
 
 void write_account_table(const AccountResult& r, std::ostream& out) {
   const auto& c = r.config;
@@ -307,8 +386,8 @@ void write_account_table(const AccountResult& r, std::ostream& out) {
   out << std::left << std::setw(20) << "bucket" << std::right << std::setw(14) << "formula" << std::setw(14)
       << "tensors" << std::setw(14) << "tracker" << "\n";
   auto row = [&](const char* name, const BytesCheck& b) {
-    out << std::left << std::setw(20) << name << std::right << std::setw(14) << human_bytes(b.formula)
-        << std::setw(14) << human_bytes(b.tensors) << std::setw(14) << human_bytes(b.tracked)
+    out << std::left << std::setw(20) << name << std::right << std::setw(14) << io::human_bytes(b.formula)
+        << std::setw(14) << io::human_bytes(b.tensors) << std::setw(14) << io::human_bytes(b.tracked)
         << (b.agree() ? "" : "   MISMATCH") << "\n";
   };
   row("parameters", r.param_bytes);
@@ -327,13 +406,33 @@ void write_account_table(const AccountResult& r, std::ostream& out) {
     std::snprintf(tratio, sizeof(tratio), (v.time_s && none && none->time_s) ? "%.2fx" : "-",
                   (v.time_s && none && none->time_s) ? *v.time_s / *none->time_s : 0.0);
     std::snprintf(diff, sizeof(diff), "%.2e", v.max_grad_diff);
-    out << std::left << std::setw(20) << v.name << std::right << std::setw(14) << human_bytes(v.saved_bytes)
+    out << std::left << std::setw(20) << v.name << std::right << std::setw(14) << io::human_bytes(v.saved_bytes)
         << std::setw(10) << ratio << std::setw(12) << time << std::setw(10) << tratio << std::setw(16) << diff
         << "\n";
   }
   char mop[64];
   std::snprintf(mop, sizeof(mop), "%.4f", r.measured_over_predicted());
-  out << "\npredicted kept bytes without checkpointing: " << human_bytes(r.predicted_saved_bytes_none) << " ("
+  for (const BudgetResult& b : r.budgets) {
+    out << "\nactivation budget " << io::human_bytes(b.budget_bytes) << " (plain run's activation peak "
+        << io::human_bytes(r.activation_peak_none) << "):\n";
+    if (!b.feasible) {
+      out << "  impossible: the smallest achievable peak is " << io::human_bytes(b.min_achievable_bytes) << "\n";
+      continue;
+    }
+    char line[256];
+    std::snprintf(line, sizeof(line), "  plan            %s (%lld of %lld blocks recomputed)\n", b.plan.describe().c_str(),
+                  static_cast<long long>(b.plan.checkpointed_blocks()), static_cast<long long>(r.config.layers));
+    out << line;
+    out << "  predicted peak  " << io::human_bytes(b.plan.predicted_bytes) << ", measured " << io::human_bytes(b.measured_bytes);
+    std::snprintf(line, sizeof(line), " (%.3f), recompute %.1f ms", static_cast<double>(b.measured_bytes) /
+                  static_cast<double>(b.plan.predicted_bytes), b.plan.recompute_s * 1e3);
+    out << line << "\n";
+    std::snprintf(line, sizeof(line), "  sqrt(n) rule    %s: predicted peak ", b.sqrt_n.describe().c_str());
+    out << line << io::human_bytes(b.sqrt_n.predicted_bytes);
+    std::snprintf(line, sizeof(line), ", recompute %.1f ms\n", b.sqrt_n.recompute_s * 1e3);
+    out << line;
+  }
+  out << "\npredicted kept bytes without checkpointing: " << io::human_bytes(r.predicted_saved_bytes_none) << " ("
       << r.predicted_saved_bytes_none << " B); measured / predicted = " << mop << "\n";
 }
 

@@ -42,6 +42,17 @@ expect 2 "--device must be cpu, cuda or cuda:N, got 'tpu'" -- account --device t
 expect 2 "unexpected argument 'extra'" -- account extra
 expect 2 "device cuda:0 is not available" -- account --device cuda:0
 
+# An impossible activation budget: the last line says why and gives the smallest achievable one.
+"$frugal" account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --budget 100 --json-out "$tmp/b.json" >"$tmp/out" 2>"$tmp/err"
+got=$?
+if [ "$got" = 2 ] && tail -n 1 "$tmp/err" | grep -q -- "--budget 100 (100 B) cannot be met: the smallest achievable activation peak for this stack is [0-9]* bytes"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL: impossible budget exited $got"; cat "$tmp/err"; failed=$((failed + 1))
+fi
+expect 2 "--budget takes a byte count" -- account --budget lots
+expect 0 "predicted peak" -- account --layers 4 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --budget 40KiB --json-out "$tmp/c.json"
+
 # A small real run: the JSON keys are exactly the documented ones.
 expect 0 "measured / predicted" -- account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --json-out "$tmp/a.json"
 if [ -f "$tmp/a.json" ]; then

@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "frugal/checkpoint/planner.h"
+#include "frugal/io/json.h"
+
 namespace frugal {
 namespace train {
 
@@ -34,6 +37,10 @@ struct AccountConfig {
   int timing_warmup = 2;
   int timing_runs = 7;
   std::vector<std::string> variants = {"none", "full", "every_2", "selective"};
+  // Activation budgets for the planner, in bytes and as fractions of the plain run's activation
+  // peak; each gets a plan that is then run and measured.
+  std::vector<int64_t> budget_bytes;
+  std::vector<double> budget_fractions;
 };
 
 // "layers must be >= 1, got 0" style message for the first bad field, or empty when valid.
@@ -53,6 +60,17 @@ struct VariantResult {
   double max_grad_diff = 0;         // against the "none" variant, over every parameter
 };
 
+struct BudgetResult {
+  int64_t budget_bytes = 0;
+  bool feasible = false;
+  int64_t min_achievable_bytes = 0;   // the least budget any plan meets
+  checkpoint::ActivationPlan plan;    // when feasible
+  checkpoint::ActivationPlan sqrt_n;  // Chen et al.'s rule on the same costs, for comparison
+  int64_t measured_bytes = 0;         // activation peak over forward+backward, from the tracker
+  std::optional<double> time_s;       // median forward+backward with the plan
+  double max_grad_diff = 0;
+};
+
 struct AccountResult {
   AccountConfig config;
   int64_t n_params = 0;
@@ -60,17 +78,23 @@ struct AccountResult {
   BytesCheck param_bytes, grad_bytes, adamw_state_bytes;
   std::vector<VariantResult> variants;  // in config.variants order; the first is the reference
   int64_t predicted_saved_bytes_none = 0;
+  int64_t activation_peak_none = 0;       // measured activation peak of the plain run
+  int64_t planner_predicted_none = 0;     // the planner's prediction of it
+  std::vector<BudgetResult> budgets;      // in budget_bytes then budget_fractions order
 
   const VariantResult* find(const std::string& name) const;
   double max_grad_diff() const;
   double measured_over_predicted() const;  // needs a "none" variant
 };
 
-// Progress lines ("measuring full") go to `progress` when given.
+// An infeasible budget stops the measurement early: the result then holds only `budgets` (with
+// feasible = false and min_achievable_bytes) and the byte checks. Progress lines ("measuring full") go to `progress` when given.
 AccountResult run_memory_account(const AccountConfig& config,
                                  const std::function<void(const std::string&)>& progress = {});
 
 void write_account_json(const AccountResult& result, std::ostream& out);
+// One budget's plan, prediction and measurement as a JSON object.
+void write_budget_json(io::JsonWriter& w, const BudgetResult& budget, const AccountResult& result);
 void write_account_table(const AccountResult& result, std::ostream& out);
 
 }  // namespace train
