@@ -1,12 +1,10 @@
 // frugal bench NAME — benchmarks that print memory and time against the plain version as ratios,
-// measured in one run. NAME: checkpoint.
+// measured in one run. NAME: checkpoint, chunked-loss.
 #include <iostream>
 #include <sstream>
 
 #include "args.h"
 #include "commands.h"
-#include "frugal/io/json.h"
-#include "frugal/train/memory_account.h"
 
 namespace frugal {
 namespace cli {
@@ -19,98 +17,10 @@ const char* kBenchUsage =
     "  checkpoint   forward+backward time and kept activation bytes of each checkpointing policy\n"
     "               against none (time_ratio, memory_ratio), on a 12-layer d=256 stack, and the\n"
     "               budget planner's plans at 25%, 50% and 75% of the plain activation peak\n"
+    "  chunked-loss peak memory and time of the chunked cross-entropy against Linear + cross_entropy\n"
+    "               (8192 tokens, hidden 512, vocabulary 32000)\n"
     "\n"
     "'frugal bench NAME --help' describes its flags.\n";
-
-int bench_checkpoint(int argc, char** argv) {
-  train::AccountConfig config;
-  config.layers = 12;
-  config.width = 256;
-  config.timing_warmup = 2;
-  config.timing_runs = 9;
-  int64_t runs = config.timing_runs;
-  std::string json_out = "-";
-  Args args("bench checkpoint",
-            "Times forward+backward (median of --runs after warm-up) and measures the activation bytes kept\n"
-            "for backward for each checkpointing policy, and prints both as ratios against no checkpointing.");
-  args.add_int("layers", &config.layers, "number of Transformer blocks", 1);
-  args.add_int("width", &config.width, "model width (divisible by --heads)", 1);
-  args.add_int("heads", &config.heads, "attention heads", 1);
-  args.add_device("device", &config.device, "where the model and activations live");
-  args.add_int("batch", &config.batch, "batch size", 1);
-  args.add_int("seq", &config.seq, "sequence length", 1);
-  args.add_int("runs", &runs, "timed runs per policy", 1);
-  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
-  if (!args.parse(argc, argv, 3)) return 0;
-  config.timing_runs = static_cast<int>(runs);
-  config.budget_fractions = {0.25, 0.5, 0.75};
-  const std::string invalid = train::validate(config);
-  if (!invalid.empty()) throw UsageError("--" + invalid);
-
-  const train::AccountResult r = train::run_memory_account(config, [](const std::string& line) {
-    std::cerr << "frugal bench checkpoint: " << line << "\n";
-  });
-  const train::VariantResult* none = r.find("none");
-  std::ostringstream json;
-  io::JsonWriter w(json);
-  w.begin_object().key("benchmark").value("checkpoint");
-  w.key("config").begin_object()
-      .key("layers").value(config.layers).key("width").value(config.width).key("heads").value(config.heads)
-      .key("batch").value(config.batch).key("seq").value(config.seq).key("runs").value(config.timing_runs)
-      .end_object();
-  w.key("variants").begin_object();
-  for (const auto& v : r.variants) {
-    const double memory_ratio = static_cast<double>(v.saved_bytes) / static_cast<double>(none->saved_bytes);
-    const double time_ratio = *v.time_s / *none->time_s;
-    w.key(v.name).begin_object()
-        .key("saved_bytes").value(v.saved_bytes)
-        .key("time_s").value(*v.time_s)
-        .key("memory_ratio").value(memory_ratio)
-        .key("time_ratio").value(time_ratio)
-        .key("max_grad_diff").value(v.max_grad_diff)
-        .end_object();
-    std::fprintf(stderr, "%-10s memory_ratio %.3f  time_ratio %.3f\n", v.name.c_str(), memory_ratio, time_ratio);
-  }
-  w.end_object();
-  w.key("activation_peak_none").value(r.activation_peak_none);
-  w.key("planner_predicted_none").value(r.planner_predicted_none);
-  w.key("plans").begin_array();
-  const double fractions[] = {0.25, 0.5, 0.75};
-  for (size_t i = 0; i < r.budgets.size(); ++i) {
-    const auto& b = r.budgets[i];
-    if (!b.feasible) {
-      throw std::runtime_error("the planner found no plan for " + std::to_string(fractions[i]) +
-                               " of the plain activation peak (smallest achievable: " +
-                               std::to_string(b.min_achievable_bytes) + " bytes)");
-    }
-    w.begin_object().key("fraction_of_none").value(fractions[i]);
-    w.key("budget_bytes").value(b.budget_bytes)
-        .key("plan").value(b.plan.describe())
-        .key("predicted_bytes").value(b.plan.predicted_bytes)
-        .key("measured_bytes").value(b.measured_bytes)
-        .key("measured_over_predicted").value(static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes))
-        .key("time_ratio").value(*b.time_s / *none->time_s)
-        .key("recompute_s").value(b.plan.recompute_s)
-        .key("max_grad_diff").value(b.max_grad_diff)
-        .end_object();
-    std::fprintf(stderr, "budget %.0f%%: %s  predicted %lld  measured %lld (%.3f)  time_ratio %.3f\n", fractions[i] * 100,
-                 b.plan.describe().c_str(), static_cast<long long>(b.plan.predicted_bytes),
-                 static_cast<long long>(b.measured_bytes),
-                 static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes), *b.time_s / *none->time_s);
-  }
-  w.end_array();
-  if (!r.budgets.empty()) {
-    w.key("sqrt_n").begin_object()
-        .key("plan").value(r.budgets[0].sqrt_n.describe())
-        .key("predicted_bytes").value(r.budgets[0].sqrt_n.predicted_bytes)
-        .key("recompute_s").value(r.budgets[0].sqrt_n.recompute_s)
-        .end_object();
-  }
-  w.key("full_kept_bound_bytes").value((config.layers + 1) * config.batch * config.seq * config.width * 4);
-  w.end_object();
-  write_output(json_out, json.str());
-  return 0;
-}
 
 }  // namespace
 
@@ -121,7 +31,8 @@ int run_bench(int argc, char** argv) {
   }
   const std::string name = argv[2];
   if (name == "checkpoint") return bench_checkpoint(argc, argv);
-  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint)");
+  if (name == "chunked-loss") return bench_chunked_loss(argc, argv);
+  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss)");
 }
 
 }  // namespace cli

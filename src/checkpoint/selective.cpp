@@ -25,9 +25,9 @@ class KeptLinear : public torch::autograd::Function<KeptLinear> {
  public:
   // x: (..., in), weight: (out, in), bias: (out) or undefined, kept: (..., out)
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               const at::Tensor& bias, const at::Tensor& kept) {
+                               const c10::optional<at::Tensor>& bias, const at::Tensor& kept) {
     ctx->save_for_backward({x, weight});
-    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["has_bias"] = bias.has_value();
     return {kept};
   }
 
@@ -53,7 +53,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   if (cache == nullptr) return at::linear(x, weight, bias);
   if (cache->mode == detail::LinearCache::Mode::record) {
     at::Tensor y = at::linear(x, weight, bias);
-    cache->outputs.push_back(y);
+    // An alias without history: if y becomes the region's output, autograd gives y the region's
+    // node, and the replay must not lead back into it.
+    cache->outputs.push_back(y.detach());
     return y;
   }
   TORCH_CHECK(cache->next < cache->outputs.size(),
@@ -61,7 +63,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
               ") than the forward (", cache->outputs.size(), "); the region must run the same code twice");
   at::Tensor kept = cache->outputs[cache->next];
   cache->outputs[cache->next++] = at::Tensor();  // the graph holds it from here on
-  return KeptLinear::apply(x, weight, bias, kept)[0];
+  const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+  return KeptLinear::apply(x, weight, maybe_bias, kept)[0];
 }
 
 }  // namespace checkpoint

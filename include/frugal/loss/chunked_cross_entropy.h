@@ -1,0 +1,32 @@
+// frugal/loss/chunked_cross_entropy.h — cross-entropy over a final Linear without the full logits.
+//
+// A language model's last Linear (hidden -> vocabulary) makes a (tokens x vocabulary) logits
+// tensor that can outweigh the rest of the activations; plain Linear + cross_entropy keeps it and
+// its log-softmax for backward. Here tokens go through in chunks: forward keeps only one float per
+// token (the log-sum-exp), backward recomputes each chunk's logits to form its gradient.
+//
+//   auto loss = frugal::loss::chunked_cross_entropy(hidden, head->weight, head->bias, targets,
+//       frugal::loss::ChunkedCrossEntropyOptions().chunk_size(1024).ignore_index(-100));
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+
+namespace frugal {
+namespace loss {
+
+enum class Reduction { mean, sum };
+
+struct ChunkedCrossEntropyOptions {
+  TORCH_ARG(int64_t, chunk_size) = 1024;      // tokens per chunk
+  TORCH_ARG(int64_t, ignore_index) = -100;    // targets equal to it add nothing and are not counted
+  TORCH_ARG(Reduction, reduction) = Reduction::mean;  // mean over the counted tokens, or their sum
+};
+
+// hidden: (N, H) or (B, T, H); weight: (V, H); bias: (V) or undefined; targets: (N) or (B, T) int64
+// -> scalar loss (fp32). Equals cross_entropy(linear(hidden, weight, bias), targets) and its gradients.
+at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                                 const at::Tensor& targets, const ChunkedCrossEntropyOptions& options = {});
+
+}  // namespace loss
+}  // namespace frugal

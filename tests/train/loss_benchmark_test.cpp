@@ -1,0 +1,21 @@
+// The chunked loss's memory claim on a small case: its peak is a fraction of the plain one's, and
+// the gradients agree.
+#include <gtest/gtest.h>
+
+#include "frugal/train/loss_benchmark.h"
+
+TEST(ChunkedLossBenchmark, PeakIsAFractionOfThePlainOne) {
+  frugal::train::ChunkedLossConfig cfg;
+  cfg.tokens = 512;
+  cfg.hidden = 32;
+  cfg.vocab = 2000;
+  cfg.chunk = 64;
+  cfg.timing_runs = 0;
+  const auto r = frugal::train::run_chunked_loss_benchmark(cfg);
+  // Plain keeps (N, V) logits and their log-softmax, and makes their gradient: >= 2 * N * V * 4.
+  EXPECT_GE(r.peak_bytes_plain, 2 * 512 * 2000 * 4);
+  // Chunked: two (chunk, V) buffers, the weight's gradient, the hidden states' gradient, a bit more.
+  EXPECT_LT(r.peak_bytes_chunked, 0.25 * static_cast<double>(r.peak_bytes_plain));
+  EXPECT_LE(r.max_rel_grad_diff, 1e-5);
+  EXPECT_NEAR(r.loss_chunked, r.loss_plain, 1e-5 * r.loss_plain);
+}
