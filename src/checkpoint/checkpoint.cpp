@@ -191,7 +191,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       detail::LinearCacheScope cache_scope(opt.keep_linear_outputs() ? &region->kept : nullptr);
       outputs = region->fn(detached);
     }
-    region->kept.outputs.clear();
+    if (!detail::keep_for_another_backward()) region->kept.outputs.clear();
     check_recompute(*region, outputs);
 
     std::vector<at::Tensor> roots, root_grads;

@@ -2,17 +2,27 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
+
+#include "frugal/checkpoint/checkpoint.h"
+
 namespace frugal {
 namespace checkpoint {
 namespace detail {
 namespace {
 thread_local LinearCache* current_cache = nullptr;
+std::atomic<int> keep_requests{0};
 }  // namespace
+
+bool keep_for_another_backward() { return keep_requests.load() > 0; }
 
 LinearCacheScope::LinearCacheScope(LinearCache* cache) : previous_(current_cache) { current_cache = cache; }
 LinearCacheScope::~LinearCacheScope() { current_cache = previous_; }
 
 }  // namespace detail
+
+KeepForAnotherBackward::KeepForAnotherBackward() { detail::keep_requests.fetch_add(1); }
+KeepForAnotherBackward::~KeepForAnotherBackward() { detail::keep_requests.fetch_sub(1); }
 
 namespace {
 
@@ -62,7 +72,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
               "selective checkpoint: the recompute made more Linear calls (", cache->next + 1,
               ") than the forward (", cache->outputs.size(), "); the region must run the same code twice");
   at::Tensor kept = cache->outputs[cache->next];
-  cache->outputs[cache->next++] = at::Tensor();  // the graph holds it from here on
+  if (!detail::keep_for_another_backward()) cache->outputs[cache->next] = at::Tensor();  // the graph holds it now
+  ++cache->next;
   const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
   return KeptLinear::apply(x, weight, maybe_bias, kept)[0];
 }

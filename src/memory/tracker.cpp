@@ -142,6 +142,19 @@ int64_t Tracker::open_scope(bool reclassify_transients) {
   return id;
 }
 
+bool Tracker::retag(const void* ptr, Category category) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(const_cast<void*>(ptr));
+  if (it == live_.end()) return false;
+  Allocation& a = it->second;
+  category_live_[static_cast<int>(a.category)] -= a.bytes;
+  category_live_[static_cast<int>(category)] += a.bytes;
+  a.category = category;
+  a.scope_id = 0;  // no scope: never reclassified as temporary
+  events_[a.event_index].category = category;
+  return true;
+}
+
 void Tracker::close_scope(int64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
   open_scopes_.erase(id);
@@ -305,6 +318,11 @@ PhaseScope::~PhaseScope() {
 std::shared_ptr<Tracker> current_tracker() {
   ScopeReporter* r = current_reporter();
   return r ? r->tracker() : nullptr;
+}
+
+void tag(const at::Tensor& tensor, Category category) {
+  if (!tensor.defined() || !tensor.has_storage()) return;
+  if (ScopeReporter* r = current_reporter()) r->tracker()->retag(tensor.storage().data(), category);
 }
 
 void mark_step(int64_t step) {

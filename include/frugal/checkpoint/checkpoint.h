@@ -58,6 +58,18 @@ std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& i
                                    const std::vector<at::Tensor>& params,
                                    const CheckpointOptions& options = {});
 
+// While one is alive (process-wide), checkpointed regions keep what they need for another
+// backward through the same graph: use around a backward(retain_graph=true) that will be repeated,
+// as two-pass gradient clipping does. Without it, a selective region releases its kept Linear
+// outputs after its first backward.
+class KeepForAnotherBackward {
+ public:
+  KeepForAnotherBackward();
+  ~KeepForAnotherBackward();
+  KeepForAnotherBackward(const KeepForAnotherBackward&) = delete;
+  KeepForAnotherBackward& operator=(const KeepForAnotherBackward&) = delete;
+};
+
 // One tensor in, one tensor out.
 at::Tensor checkpoint(UnaryFn fn, const at::Tensor& input, const std::vector<at::Tensor>& params,
                       const CheckpointOptions& options = {});

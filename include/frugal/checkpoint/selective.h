@@ -36,6 +36,8 @@ class LinearCacheScope {
  private:
   LinearCache* previous_;
 };
+// True while a KeepForAnotherBackward is alive.
+bool keep_for_another_backward();
 }  // namespace detail
 
 }  // namespace checkpoint

@@ -14,6 +14,7 @@
 // Category::temporary (in the timeline too), whatever the scope declared.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <array>
@@ -87,6 +88,9 @@ class Tracker {
   void on_report(void* ptr, int64_t size, c10::Device device, int64_t scope_id, Category category,
                  Phase phase);
   int64_t open_scope(bool reclassify_transients);
+  // Gives the live allocation at ptr a category from its start (its alloc event is rewritten) and
+  // exempts it from becoming temporary. Returns false when ptr is not a live tracked allocation.
+  bool retag(const void* ptr, Category category);
   void close_scope(int64_t id);
   void mark(Action action, Phase phase);
   void mark_step(int64_t step);
@@ -163,6 +167,10 @@ class PhaseScope {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Declares what an existing tensor's memory is for, from its allocation on (e.g. a parameter's
+// gradient made by some backward node). No-op without a tracker or for untracked memory.
+void tag(const at::Tensor& tensor, Category category);
 
 // The tracker installed on this thread, or nullptr.
 std::shared_ptr<Tracker> current_tracker();

@@ -1,0 +1,118 @@
+// frugal/optim/optimizer.h — one optimizer, two modes: step after backward, or inside it.
+//
+// Standard mode is the usual loop. In-backward mode registers a post hook on each parameter's
+// AccumulateGrad node: the moment a parameter's gradient is complete it is clipped, the parameter
+// is updated and the gradient is freed, so gradients never all exist together (gradient memory
+// falls from the model's size to what one backward node hands over). The same training loop runs
+// in both modes; LR schedules, clipping and state dicts work in both.
+//
+//   frugal::optim::Optimizer opt(model->named_parameters(),
+//       frugal::optim::OptimizerOptions().algorithm(frugal::optim::Algorithm::adamw).lr(3e-4)
+//           .weight_decay(0.1).mode(frugal::optim::Mode::in_backward));
+//   for (...) { opt.backward(loss_fn()); opt.step(); opt.zero_grad(); scheduler.step(); }
+//
+// Clipping. Standard mode: global-norm or per-parameter clipping before the update. In-backward
+// mode cannot see the global norm before the first update, so it offers per-parameter clipping and
+// exact two-pass global-norm clipping: backward() runs one backward that only measures the norm
+// (gradients are freed as they come; the graph is retained), then a second that updates with it.
+// Cost: one more backward pass per step (and one more recompute of checkpointed regions); memory
+// is unchanged. Asking for single-pass global-norm clipping in in-backward mode fails at
+// construction.
+//
+// Gradient accumulation over micro-batches: in standard mode set accumulation_steps(N), call
+// backward() on each micro-batch and step()/zero_grad() after each; step() updates on every N-th
+// call only (it returns whether it did). In-backward mode frees each gradient as soon as it is
+// used, so accumulation is refused at construction.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/ordered_dict.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "frugal/optim/update.h"
+
+namespace frugal {
+namespace optim {
+
+enum class Mode { standard, in_backward };
+enum class Clip { none, global_norm, global_norm_two_pass, per_param_norm };
+
+const char* mode_name(Mode m);
+const char* clip_name(Clip c);
+
+struct OptimizerOptions {
+  TORCH_ARG(Algorithm, algorithm) = Algorithm::adamw;
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, weight_decay) = 0.0;
+  TORCH_ARG(double, momentum) = 0.0;    // sgd
+  TORCH_ARG(double, dampening) = 0.0;   // sgd
+  TORCH_ARG(bool, nesterov) = false;    // sgd
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.999;
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(Mode, mode) = Mode::standard;
+  TORCH_ARG(Clip, clip) = Clip::none;
+  TORCH_ARG(double, max_grad_norm) = 1.0;
+  TORCH_ARG(int64_t, accumulation_steps) = 1;
+};
+
+// Parameters sharing a learning rate and weight decay (unset: the optimizer's).
+struct ParamGroup {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+};
+
+// Optimizer state by parameter name: "<name>.step", "<name>.exp_avg", "<name>.exp_avg_sq",
+// "<name>.momentum_buffer".
+using TensorDict = std::map<std::string, at::Tensor>;
+
+class Optimizer {
+ public:
+  // Throws std::invalid_argument for a combination the mode cannot do (see above) or bad values.
+  Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& options);
+  Optimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const OptimizerOptions& options);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Backward of loss as the mode needs it (two passes for two-pass clipping): use it instead of
+  // loss.backward().
+  void backward(const at::Tensor& loss);
+  // Standard: clips and updates every parameter that has a gradient (every accumulation_steps-th
+  // call). In-backward: the updates already happened; finishes the step. Returns whether the
+  // parameters were updated.
+  bool step();
+  // Frees the gradients (after an update, when accumulating).
+  void zero_grad();
+
+  const OptimizerOptions& options() const;
+  size_t num_groups() const;
+  double lr(size_t group = 0) const;
+  void set_lr(size_t group, double lr);
+  double base_lr(size_t group) const;  // the lr the group was created with
+  // The global gradient norm measured by the last step (global-norm clipping only), before clipping.
+  double last_grad_norm() const;
+  int64_t steps_taken() const;  // completed updates
+
+  TensorDict state_dict() const;
+  // Loads state saved in either mode. Throws std::invalid_argument listing unknown names, missing
+  // parameters and shape mismatches.
+  void load_state_dict(const TensorDict& state);
+  int64_t state_bytes() const;  // bytes of all state tensors
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace optim
+}  // namespace frugal

@@ -1,0 +1,40 @@
+// frugal/optim/update.h — the per-parameter update rules (SGD, Adam, AdamW) on whole tensors.
+//
+// One function per step of one parameter, shared by the standard and the in-backward mode, written
+// in the same order of operations as torch::optim so that the two agree to rounding.
+//
+//   frugal::optim::ParamState state;
+//   frugal::optim::apply_update(hyper, state, param, grad);   // param updated in place
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace frugal {
+namespace optim {
+
+enum class Algorithm { sgd, adam, adamw };
+
+const char* algorithm_name(Algorithm a);
+
+struct Hyper {
+  Algorithm algorithm = Algorithm::adamw;
+  double lr = 1e-3;
+  double weight_decay = 0;  // L2 for sgd and adam, decoupled for adamw
+  double momentum = 0;      // sgd
+  double dampening = 0;     // sgd
+  bool nesterov = false;    // sgd
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
+};
+
+struct ParamState {
+  int64_t step = 0;            // updates applied so far
+  at::Tensor exp_avg;          // adam(w): first moment
+  at::Tensor exp_avg_sq;       // adam(w): second moment
+  at::Tensor momentum_buffer;  // sgd with momentum
+};
+
+// param -= update(grad); creates the state tensors on the first call. grad is not modified.
+void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at::Tensor& grad);
+
+}  // namespace optim
+}  // namespace frugal

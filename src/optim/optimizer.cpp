@@ -1,0 +1,374 @@
+#include "frugal/optim/optimizer.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "frugal/checkpoint/checkpoint.h"
+#include "frugal/memory/tracker.h"
+
+namespace frugal {
+namespace optim {
+
+const char* mode_name(Mode m) { return m == Mode::standard ? "standard" : "in_backward"; }
+
+const char* clip_name(Clip c) {
+  switch (c) {
+    case Clip::none: return "none";
+    case Clip::global_norm: return "global_norm";
+    case Clip::global_norm_two_pass: return "global_norm_two_pass";
+    case Clip::per_param_norm: return "per_param_norm";
+  }
+  return "none";
+}
+
+namespace {
+
+enum class Pass { step, measure_norm };
+
+// The clip coefficient min(1, max_norm / (norm + 1e-6)) as a tensor (no device sync).
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
+  return (max_norm / (norm + 1e-6)).clamp_max(1.0);
+}
+
+}  // namespace
+
+struct Optimizer::Impl {
+  OptimizerOptions options;
+  struct Param {
+    std::string name;
+    at::Tensor tensor;
+    size_t group;
+    ParamState state;
+  };
+  std::vector<Param> params;
+  std::vector<double> group_lr, group_base_lr, group_weight_decay;
+  int64_t micro_steps = 0;
+  int64_t steps_taken = 0;
+  double last_grad_norm = NAN;
+  // in-backward
+  struct Hook {
+    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive so the hook stays on it
+    uintptr_t key;
+  };
+  std::vector<Hook> hooks;
+  Pass pass = Pass::step;
+  bool norm_ready = false;
+  at::Tensor norm_sq;       // sum of squared gradient norms in the measuring pass (double)
+  at::Tensor global_coef;   // the clip coefficient for the stepping pass
+
+  Hyper hyper(size_t group) const {
+    Hyper h;
+    h.algorithm = options.algorithm();
+    h.lr = group_lr[group];
+    h.weight_decay = group_weight_decay[group];
+    h.momentum = options.momentum();
+    h.dampening = options.dampening();
+    h.nesterov = options.nesterov();
+    h.beta1 = options.beta1();
+    h.beta2 = options.beta2();
+    h.eps = options.eps();
+    return h;
+  }
+
+  void update(Param& p, const at::Tensor& grad) {
+    memory::CategoryScope scope(memory::Category::optimizer_state);
+    apply_update(hyper(p.group), p.state, p.tensor, grad);
+  }
+
+  // In-backward: the gradient of params[i] is complete.
+  void on_gradient(size_t i) {
+    Param& p = params[i];
+    at::Tensor grad = p.tensor.grad();
+    if (!grad.defined()) return;
+    memory::tag(grad, memory::Category::gradient);
+    at::NoGradGuard no_grad;
+    if (pass == Pass::measure_norm) {
+      const at::Tensor n = grad.norm().to(at::kDouble);
+      norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
+    } else {
+      TORCH_CHECK(options.clip() != Clip::global_norm_two_pass || norm_ready,
+                  "optimizer: two-pass global-norm clipping needs optimizer.backward(loss) instead of "
+                  "loss.backward(), so that the norm is measured first");
+      if (options.clip() == Clip::global_norm_two_pass) {
+        grad.mul_(global_coef.to(grad.scalar_type()));
+      } else if (options.clip() == Clip::per_param_norm) {
+        grad.mul_(clip_coefficient(grad.norm(), options.max_grad_norm()));
+      }
+      update(p, grad);
+    }
+    p.tensor.mutable_grad().reset();  // the whole point: the gradient is gone as soon as it is used
+  }
+};
+
+namespace {
+
+class StepOnGradient : public torch::autograd::FunctionPostHook {
+ public:
+  StepOnGradient(std::weak_ptr<Optimizer::Impl> impl, size_t index) : impl_(std::move(impl)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (auto impl = impl_.lock()) impl->on_gradient(index_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<Optimizer::Impl> impl_;
+  size_t index_;
+};
+
+void check_options(const OptimizerOptions& o) {
+  auto bad = [](const std::string& msg) { throw std::invalid_argument("optimizer: " + msg); };
+  if (!(o.lr() >= 0)) bad("lr must be >= 0, got " + std::to_string(o.lr()));
+  if (!(o.weight_decay() >= 0)) bad("weight_decay must be >= 0, got " + std::to_string(o.weight_decay()));
+  if (!(o.beta1() >= 0 && o.beta1() < 1)) bad("beta1 must be in [0, 1), got " + std::to_string(o.beta1()));
+  if (!(o.beta2() >= 0 && o.beta2() < 1)) bad("beta2 must be in [0, 1), got " + std::to_string(o.beta2()));
+  if (!(o.eps() > 0)) bad("eps must be > 0, got " + std::to_string(o.eps()));
+  if (!(o.momentum() >= 0)) bad("momentum must be >= 0, got " + std::to_string(o.momentum()));
+  if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0)) bad("nesterov needs momentum > 0 and dampening 0");
+  if (o.clip() != Clip::none && !(o.max_grad_norm() > 0)) {
+    bad("max_grad_norm must be > 0 when clipping, got " + std::to_string(o.max_grad_norm()));
+  }
+  if (o.accumulation_steps() < 1) bad("accumulation_steps must be >= 1, got " + std::to_string(o.accumulation_steps()));
+  if (o.mode() == Mode::in_backward && o.clip() == Clip::global_norm) {
+    bad("global-norm clipping needs every gradient before the first parameter is updated, which one in-backward "
+        "pass cannot give; use clip global_norm_two_pass (exact, one more backward per step) or per_param_norm");
+  }
+  if (o.mode() == Mode::in_backward && o.accumulation_steps() > 1) {
+    bad("in-backward mode updates each parameter during backward and frees its gradient, so gradients cannot be "
+        "accumulated over " + std::to_string(o.accumulation_steps()) +
+        " micro-batches; use standard mode to accumulate, or a larger batch");
+  }
+}
+
+std::vector<ParamGroup> one_group(const torch::OrderedDict<std::string, at::Tensor>& named) {
+  ParamGroup g;
+  for (const auto& item : named) {
+    g.names.push_back(item.key());
+    g.params.push_back(item.value());
+  }
+  return {g};
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                     const OptimizerOptions& options)
+    : Optimizer(one_group(named_parameters), options) {}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& options)
+    : impl_(std::make_shared<Impl>()) {
+  check_options(options);
+  impl_->options = options;
+  std::map<std::string, int> seen;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ParamGroup& group = groups[g];
+    if (group.names.size() != group.params.size()) {
+      throw std::invalid_argument("optimizer: group " + std::to_string(g) + " has " +
+                                  std::to_string(group.names.size()) + " names for " +
+                                  std::to_string(group.params.size()) + " parameters");
+    }
+    const double lr = group.lr.value_or(options.lr());
+    const double wd = group.weight_decay.value_or(options.weight_decay());
+    if (!(lr >= 0) || !(wd >= 0)) {
+      throw std::invalid_argument("optimizer: group " + std::to_string(g) + " needs lr >= 0 and weight_decay >= 0");
+    }
+    impl_->group_lr.push_back(lr);
+    impl_->group_base_lr.push_back(lr);
+    impl_->group_weight_decay.push_back(wd);
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      if (seen[group.names[i]]++) throw std::invalid_argument("optimizer: parameter '" + group.names[i] + "' appears twice");
+      if (!group.params[i].requires_grad()) continue;  // frozen: nothing to optimize
+      impl_->params.push_back({group.names[i], group.params[i], g, {}});
+    }
+  }
+  if (options.mode() == Mode::in_backward) {
+    for (size_t i = 0; i < impl_->params.size(); ++i) {
+      const at::Tensor& p = impl_->params[i].tensor;
+      TORCH_CHECK(p.is_leaf(), "optimizer: parameter '", impl_->params[i].name, "' is not a leaf tensor");
+      auto acc = torch::autograd::impl::grad_accumulator(p);
+      const uintptr_t key = acc->add_post_hook(std::make_unique<StepOnGradient>(impl_, i));
+      impl_->hooks.push_back({acc, key});
+    }
+  }
+}
+
+Optimizer::~Optimizer() {
+  for (auto& h : impl_->hooks) h.accumulator->del_post_hook(h.key);
+}
+
+void Optimizer::backward(const at::Tensor& loss) {
+  Impl& s = *impl_;
+  if (s.options.mode() == Mode::in_backward && s.options.clip() == Clip::global_norm_two_pass) {
+    // Pass 1: measure the global norm; gradients are freed as they come, the graph is kept.
+    s.pass = Pass::measure_norm;
+    s.norm_sq = at::Tensor();
+    try {
+      checkpoint::KeepForAnotherBackward keep;
+      loss.backward({}, /*retain_graph=*/true);
+    } catch (...) {
+      s.pass = Pass::step;
+      throw;
+    }
+    s.pass = Pass::step;
+    const at::Tensor norm = s.norm_sq.defined() ? s.norm_sq.sqrt() : at::zeros({}, at::kDouble);
+    s.last_grad_norm = norm.item<double>();
+    s.global_coef = clip_coefficient(norm, s.options.max_grad_norm());
+    s.norm_ready = true;
+    // Pass 2: update with the clipped gradients.
+    try {
+      loss.backward();
+    } catch (...) {
+      s.norm_ready = false;
+      throw;
+    }
+    s.norm_ready = false;
+    return;
+  }
+  loss.backward();
+}
+
+bool Optimizer::step() {
+  Impl& s = *impl_;
+  if (++s.micro_steps % s.options.accumulation_steps() != 0) return false;
+  if (s.options.mode() == Mode::in_backward) {
+    ++s.steps_taken;
+    return true;
+  }
+  at::NoGradGuard no_grad;
+  if (s.options.clip() == Clip::global_norm || s.options.clip() == Clip::global_norm_two_pass) {
+    at::Tensor norm_sq;
+    for (auto& p : s.params) {
+      const at::Tensor g = p.tensor.grad();
+      if (!g.defined()) continue;
+      const at::Tensor n = g.norm().to(at::kDouble);
+      norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
+    }
+    const at::Tensor norm = norm_sq.defined() ? norm_sq.sqrt() : at::zeros({}, at::kDouble);
+    s.last_grad_norm = norm.item<double>();
+    const at::Tensor coef = clip_coefficient(norm, s.options.max_grad_norm());
+    for (auto& p : s.params) {
+      at::Tensor g = p.tensor.grad();
+      if (g.defined()) g.mul_(coef.to(g.scalar_type()));
+    }
+  }
+  for (auto& p : s.params) {
+    at::Tensor g = p.tensor.grad();
+    if (!g.defined()) continue;
+    if (s.options.clip() == Clip::per_param_norm) g.mul_(clip_coefficient(g.norm(), s.options.max_grad_norm()));
+    s.update(p, g);
+  }
+  ++s.steps_taken;
+  return true;
+}
+
+void Optimizer::zero_grad() {
+  if (impl_->micro_steps % impl_->options.accumulation_steps() != 0) return;  // still accumulating
+  for (auto& p : impl_->params) p.tensor.mutable_grad().reset();
+}
+
+const OptimizerOptions& Optimizer::options() const { return impl_->options; }
+size_t Optimizer::num_groups() const { return impl_->group_lr.size(); }
+double Optimizer::lr(size_t group) const { return impl_->group_lr.at(group); }
+double Optimizer::base_lr(size_t group) const { return impl_->group_base_lr.at(group); }
+void Optimizer::set_lr(size_t group, double lr) {
+  TORCH_CHECK(lr >= 0, "optimizer: lr must be >= 0, got ", lr);
+  impl_->group_lr.at(group) = lr;
+}
+double Optimizer::last_grad_norm() const { return impl_->last_grad_norm; }
+int64_t Optimizer::steps_taken() const { return impl_->steps_taken; }
+
+TensorDict Optimizer::state_dict() const {
+  TensorDict out;
+  for (const auto& p : impl_->params) {
+    if (p.state.step == 0) continue;
+    out[p.name + ".step"] = at::scalar_tensor(p.state.step, at::kLong);
+    if (p.state.exp_avg.defined()) out[p.name + ".exp_avg"] = p.state.exp_avg;
+    if (p.state.exp_avg_sq.defined()) out[p.name + ".exp_avg_sq"] = p.state.exp_avg_sq;
+    if (p.state.momentum_buffer.defined()) out[p.name + ".momentum_buffer"] = p.state.momentum_buffer;
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const TensorDict& state) {
+  static const char* kFields[] = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"};
+  std::map<std::string, Impl::Param*> by_name;
+  for (auto& p : impl_->params) by_name[p.name] = &p;
+  std::vector<std::string> unknown, bad_shape, missing;
+  std::map<std::string, std::map<std::string, at::Tensor>> parsed;
+  for (const auto& [key, tensor] : state) {
+    bool matched = false;
+    for (const char* field : kFields) {
+      const std::string suffix = std::string(".") + field;
+      if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        const std::string name = key.substr(0, key.size() - suffix.size());
+        auto it = by_name.find(name);
+        if (it == by_name.end()) break;
+        matched = true;
+        if (std::string(field) != "step" && !tensor.sizes().equals(it->second->tensor.sizes())) {
+          std::ostringstream m;
+          m << key << " " << tensor.sizes() << " vs parameter " << it->second->tensor.sizes();
+          bad_shape.push_back(m.str());
+        }
+        parsed[name][field] = tensor;
+        break;
+      }
+    }
+    if (!matched) unknown.push_back(key);
+  }
+  const bool adam = impl_->options.algorithm() != Algorithm::sgd;
+  for (const auto& [name, fields] : parsed) {
+    if (!fields.count("step")) missing.push_back(name + ".step");
+    if (adam && (!fields.count("exp_avg") || !fields.count("exp_avg_sq"))) missing.push_back(name + ".exp_avg/exp_avg_sq");
+  }
+  if (!state.empty()) {
+    for (const auto& p : impl_->params) {
+      if (!parsed.count(p.name)) missing.push_back(p.name);
+    }
+  }
+  if (!unknown.empty() || !bad_shape.empty() || !missing.empty()) {
+    std::ostringstream m;
+    m << "optimizer: the state does not match the parameters.";
+    auto list = [&](const char* what, const std::vector<std::string>& items) {
+      if (items.empty()) return;
+      m << " " << what << ":";
+      for (size_t i = 0; i < items.size() && i < 10; ++i) m << (i ? ", " : " ") << items[i];
+      if (items.size() > 10) m << " (and " << items.size() - 10 << " more)";
+      m << ".";
+    };
+    list("Unknown entries", unknown);
+    list("Wrong shapes", bad_shape);
+    list("Missing", missing);
+    throw std::invalid_argument(m.str());
+  }
+  at::NoGradGuard no_grad;
+  memory::CategoryScope scope(memory::Category::optimizer_state);
+  for (auto& p : impl_->params) {
+    auto it = parsed.find(p.name);
+    p.state = ParamState();
+    if (it == parsed.end()) continue;
+    const auto& f = it->second;
+    const auto opts = p.tensor.options();
+    p.state.step = f.at("step").item<int64_t>();
+    if (f.count("exp_avg")) p.state.exp_avg = f.at("exp_avg").to(opts, /*non_blocking=*/false, /*copy=*/true);
+    if (f.count("exp_avg_sq")) p.state.exp_avg_sq = f.at("exp_avg_sq").to(opts, false, true);
+    if (f.count("momentum_buffer")) p.state.momentum_buffer = f.at("momentum_buffer").to(opts, false, true);
+  }
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t total = 0;
+  for (const auto& p : impl_->params) {
+    for (const at::Tensor* t : {&p.state.exp_avg, &p.state.exp_avg_sq, &p.state.momentum_buffer}) {
+      if (t->defined()) total += t->numel() * static_cast<int64_t>(t->element_size());
+    }
+  }
+  return total;
+}
+
+}  // namespace optim
+}  // namespace frugal

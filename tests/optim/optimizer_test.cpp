@@ -1,0 +1,337 @@
+// frugal's optimizer: its updates equal torch::optim's, in-backward mode equals standard mode on a
+// real model (with and without checkpointing), param groups, clipping in both modes, accumulation,
+// the refusals, and state dicts that move between modes.
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "frugal/checkpoint/policy.h"
+#include "frugal/models/transformer_block.h"
+#include "frugal/optim/optimizer.h"
+#include "frugal/optim/schedule.h"
+
+using namespace frugal;
+using optim::Algorithm;
+using optim::Clip;
+using optim::Mode;
+using optim::OptimizerOptions;
+
+namespace {
+
+// A small Transformer stack with named parameters, deterministic from a seed.
+struct Model : torch::nn::Module {
+  std::vector<models::PreLNBlock> blocks;
+  std::vector<checkpoint::ChainBlock> chain;
+  explicit Model(int layers = 2, int64_t d = 32, uint64_t seed = 0) {
+    torch::manual_seed(seed);
+    for (int i = 0; i < layers; ++i) blocks.push_back(register_module("block" + std::to_string(i), models::PreLNBlock(d, 4)));
+    chain = checkpoint::make_chain(blocks);
+  }
+  at::Tensor loss(const at::Tensor& x, const checkpoint::CheckpointPolicy& policy = checkpoint::CheckpointPolicy::none()) {
+    return checkpoint::run_chain(chain, x, policy).pow(2).mean();
+  }
+};
+
+std::vector<at::Tensor> batches(int n, uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < n; ++i) out.push_back(at::randn({2, 8, 32}));
+  return out;
+}
+
+double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
+  double m = 0;
+  auto pa = a.parameters(), pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) m = std::max(m, (pa[i] - pb[i]).abs().max().item<double>());
+  return m;
+}
+
+void train(Model& model, optim::Optimizer& opt, const std::vector<at::Tensor>& data,
+           const checkpoint::CheckpointPolicy& policy = checkpoint::CheckpointPolicy::none(),
+           optim::LRScheduler* sched = nullptr) {
+  for (const auto& x : data) {
+    opt.backward(model.loss(x, policy));
+    opt.step();
+    opt.zero_grad();
+    if (sched) sched->step();
+  }
+}
+
+void train_reference(Model& model, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& data) {
+  for (const auto& x : data) {
+    opt.zero_grad();
+    model.loss(x).backward();
+    opt.step();
+  }
+}
+
+}  // namespace
+
+TEST(Optimizer, UpdatesEqualTorchOptimAfter20Steps) {
+  const auto data = batches(20);
+  struct Case {
+    const char* name;
+    OptimizerOptions ours;
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)> reference;
+  };
+  std::vector<Case> cases = {
+      {"sgd momentum wd", OptimizerOptions().algorithm(Algorithm::sgd).lr(0.05).momentum(0.9).weight_decay(0.01),
+       [](std::vector<at::Tensor> p) {
+         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01));
+       }},
+      {"sgd nesterov", OptimizerOptions().algorithm(Algorithm::sgd).lr(0.05).momentum(0.9).nesterov(true),
+       [](std::vector<at::Tensor> p) {
+         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+       }},
+      {"sgd plain", OptimizerOptions().algorithm(Algorithm::sgd).lr(0.1),
+       [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1)); }},
+      {"adam wd", OptimizerOptions().algorithm(Algorithm::adam).lr(1e-2).weight_decay(0.01),
+       [](std::vector<at::Tensor> p) {
+         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).weight_decay(0.01));
+       }},
+      {"adamw wd", OptimizerOptions().algorithm(Algorithm::adamw).lr(1e-2).weight_decay(0.1).beta2(0.95),
+       [](std::vector<at::Tensor> p) {
+         return std::make_unique<torch::optim::AdamW>(
+             p, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).betas(std::make_tuple(0.9, 0.95)));
+       }},
+  };
+  for (auto& c : cases) {
+    for (Mode mode : {Mode::standard, Mode::in_backward}) {
+      SCOPED_TRACE(std::string(c.name) + " " + optim::mode_name(mode));
+      Model ours(2, 32, 3), ref(2, 32, 3);
+      optim::Optimizer opt(ours.named_parameters(), c.ours.mode(mode));
+      auto reference = c.reference(ref.parameters());
+      train(ours, opt, data);
+      train_reference(ref, *reference, data);
+      EXPECT_LE(max_param_diff(ours, ref), 1e-6);
+      EXPECT_GT(max_param_diff(ours, *std::make_shared<Model>(2, 32, 3)), 1e-3);  // it did train
+    }
+  }
+}
+
+TEST(Optimizer, InBackwardEqualsStandardOnARealModelWithAndWithoutCheckpointing) {
+  const auto data = batches(20, 5);
+  for (const char* policy : {"none", "full", "every_2", "selective"}) {
+    SCOPED_TRACE(policy);
+    const auto p = checkpoint::CheckpointPolicy::parse(policy);
+    Model a(3, 32, 7), b(3, 32, 7);
+    const auto opts = OptimizerOptions().lr(3e-3).weight_decay(0.05);
+    optim::Optimizer standard(a.named_parameters(), opts);
+    optim::Optimizer in_backward(b.named_parameters(), OptimizerOptions(opts).mode(Mode::in_backward));
+    train(a, standard, data, p);
+    train(b, in_backward, data, p);
+    EXPECT_LE(max_param_diff(a, b), 1e-6);
+    for (const auto& param : b.parameters()) EXPECT_FALSE(param.grad().defined());  // freed during backward
+  }
+}
+
+TEST(Optimizer, ParamGroupsHaveTheirOwnLrAndWeightDecay) {
+  const auto data = batches(10, 9);
+  Model ours(2, 32, 4), ref(2, 32, 4);
+  auto split = [](Model& m, bool names) {
+    optim::ParamGroup decay, no_decay;
+    for (const auto& item : m.named_parameters()) {
+      auto& g = item.value().dim() >= 2 ? decay : no_decay;
+      g.params.push_back(item.value());
+      if (names) g.names.push_back(item.key());
+    }
+    return std::make_pair(decay, no_decay);
+  };
+  auto [decay, no_decay] = split(ours, true);
+  decay.weight_decay = 0.1;
+  no_decay.lr = 5e-3;
+  no_decay.weight_decay = 0.0;
+  for (Mode mode : {Mode::standard, Mode::in_backward}) {
+    Model m(2, 32, 4);
+    auto [d2, n2] = split(m, true);
+    d2.weight_decay = 0.1;
+    n2.lr = 5e-3;
+    n2.weight_decay = 0.0;
+    optim::Optimizer opt({d2, n2}, OptimizerOptions().lr(1e-2).mode(mode));
+    EXPECT_DOUBLE_EQ(opt.lr(0), 1e-2);
+    EXPECT_DOUBLE_EQ(opt.lr(1), 5e-3);
+    train(m, opt, data);
+    Model r(2, 32, 4);
+    auto [rd, rn] = split(r, false);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(rd.params, std::make_unique<torch::optim::AdamWOptions>(
+                                       torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+    groups.emplace_back(rn.params, std::make_unique<torch::optim::AdamWOptions>(
+                                       torch::optim::AdamWOptions(5e-3).weight_decay(0.0)));
+    torch::optim::AdamW reference(groups);
+    train_reference(r, reference, data);
+    EXPECT_LE(max_param_diff(m, r), 1e-6) << optim::mode_name(mode);
+  }
+}
+
+TEST(Optimizer, SchedulesDriveBothModesTheSameWay) {
+  const auto data = batches(12, 11);
+  Model a(2, 32, 2), b(2, 32, 2);
+  const auto opts = OptimizerOptions().lr(1e-2);
+  const auto sched = optim::ScheduleOptions().kind(optim::ScheduleKind::cosine).warmup_steps(3).total_steps(12);
+  optim::Optimizer oa(a.named_parameters(), opts), ob(b.named_parameters(), OptimizerOptions(opts).mode(Mode::in_backward));
+  optim::LRScheduler sa(oa, sched), sb(ob, sched);
+  EXPECT_DOUBLE_EQ(oa.lr(), 0.0);  // warm-up starts at 0
+  train(a, oa, data, checkpoint::CheckpointPolicy::none(), &sa);
+  train(b, ob, data, checkpoint::CheckpointPolicy::none(), &sb);
+  EXPECT_LE(max_param_diff(a, b), 1e-6);
+  EXPECT_EQ(sa.last_step(), 12);
+  EXPECT_NEAR(oa.lr(), 0.0, 1e-12);  // the cosine reached its floor
+}
+
+TEST(Optimizer, TwoPassNormEqualsTheStandardGlobalNormAndClipsTheSame) {
+  const auto data = batches(8, 13);
+  // SGD: its update is linear in the gradient, so the reference's slightly different norm
+  // arithmetic stays at rounding level (Adam would amplify it on near-zero gradients).
+  Model a(2, 32, 6), b(2, 32, 6), r(2, 32, 6);
+  const auto opts = OptimizerOptions().algorithm(Algorithm::sgd).momentum(0.9).lr(0.5).max_grad_norm(0.05);
+  optim::Optimizer standard(a.named_parameters(), OptimizerOptions(opts).clip(Clip::global_norm));
+  optim::Optimizer two_pass(b.named_parameters(), OptimizerOptions(opts).clip(Clip::global_norm_two_pass).mode(Mode::in_backward));
+  torch::optim::SGD reference(r.parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  for (const auto& x : data) {
+    standard.backward(a.loss(x));
+    standard.step();
+    standard.zero_grad();
+    two_pass.backward(b.loss(x));
+    two_pass.step();
+    reference.zero_grad();
+    r.loss(x).backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(r.parameters(), 0.05);
+    reference.step();
+    EXPECT_NEAR(standard.last_grad_norm(), ref_norm, 1e-5 * ref_norm);
+    EXPECT_NEAR(two_pass.last_grad_norm(), standard.last_grad_norm(), 1e-9 * ref_norm);
+    EXPECT_GT(ref_norm, 0.05);  // clipping is active
+  }
+  EXPECT_LE(max_param_diff(a, b), 1e-6);
+  EXPECT_LE(max_param_diff(a, r), 1e-6);
+}
+
+TEST(Optimizer, TwoPassClippingWorksThroughCheckpointedRegions) {
+  const auto data = batches(5, 17);
+  for (const char* policy : {"full", "selective"}) {
+    SCOPED_TRACE(policy);
+    const auto p = checkpoint::CheckpointPolicy::parse(policy);
+    Model a(2, 32, 8), b(2, 32, 8);
+    const auto opts = OptimizerOptions().lr(1e-2).max_grad_norm(0.05);
+    optim::Optimizer standard(a.named_parameters(), OptimizerOptions(opts).clip(Clip::global_norm));
+    optim::Optimizer two_pass(b.named_parameters(), OptimizerOptions(opts).clip(Clip::global_norm_two_pass).mode(Mode::in_backward));
+    train(a, standard, data, p);
+    train(b, two_pass, data, p);
+    EXPECT_LE(max_param_diff(a, b), 1e-6);
+  }
+}
+
+TEST(Optimizer, PerParameterClippingIsTheSameInBothModes) {
+  const auto data = batches(6, 19);
+  Model a(2, 32, 1), b(2, 32, 1), unclipped(2, 32, 1);
+  const auto opts = OptimizerOptions().algorithm(Algorithm::sgd).lr(0.5).clip(Clip::per_param_norm).max_grad_norm(0.01);
+  optim::Optimizer oa(a.named_parameters(), opts), ob(b.named_parameters(), OptimizerOptions(opts).mode(Mode::in_backward));
+  optim::Optimizer ou(unclipped.named_parameters(), OptimizerOptions(opts).clip(Clip::none));
+  train(a, oa, data);
+  train(b, ob, data);
+  train(unclipped, ou, data);
+  EXPECT_LE(max_param_diff(a, b), 1e-6);
+  EXPECT_GT(max_param_diff(a, unclipped), 1e-3);  // the clipping did something
+}
+
+TEST(Optimizer, RefusesWhatItCannotDo) {
+  Model m(1, 32, 0);
+  try {
+    optim::Optimizer opt(m.named_parameters(), OptimizerOptions().mode(Mode::in_backward).clip(Clip::global_norm));
+    FAIL() << "single-pass global-norm clipping in backward was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("global_norm_two_pass"), std::string::npos) << e.what();
+  }
+  try {
+    optim::Optimizer opt(m.named_parameters(), OptimizerOptions().mode(Mode::in_backward).accumulation_steps(4));
+    FAIL() << "accumulation in backward was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be accumulated over 4 micro-batches"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(optim::Optimizer(m.named_parameters(), OptimizerOptions().lr(-1)), std::invalid_argument);
+  EXPECT_THROW(optim::Optimizer(m.named_parameters(), OptimizerOptions().algorithm(Algorithm::sgd).nesterov(true)),
+               std::invalid_argument);
+}
+
+TEST(Optimizer, AccumulationInStandardModeEqualsTheFullBatch) {
+  const auto data = batches(6, 23);
+  // SGD: summing two half-batch gradients differs from the full batch only by rounding, which an
+  // update linear in the gradient keeps at rounding level.
+  Model a(2, 32, 5), b(2, 32, 5);
+  const auto opts = OptimizerOptions().algorithm(Algorithm::sgd).momentum(0.9).lr(0.5);
+  optim::Optimizer full(a.named_parameters(), opts);
+  optim::Optimizer accum(b.named_parameters(), OptimizerOptions(opts).accumulation_steps(2));
+  for (const auto& x : data) {
+    full.backward(a.loss(x));
+    EXPECT_TRUE(full.step());
+    full.zero_grad();
+    // (2, T, d) as two micro-batches of one; loss scaled by 1/2 so the sum is the batch mean
+    for (int i = 0; i < 2; ++i) {
+      accum.backward(b.loss(x.slice(0, i, i + 1)) / 2);
+      EXPECT_EQ(accum.step(), i == 1);
+      accum.zero_grad();
+    }
+  }
+  EXPECT_LE(max_param_diff(a, b), 1e-6);
+  EXPECT_EQ(accum.steps_taken(), 6);
+}
+
+TEST(Optimizer, StateDictMovesBetweenModesAndContinuesTheTrajectory) {
+  const auto data = batches(20, 29);
+  const std::vector<at::Tensor> first(data.begin(), data.begin() + 10), second(data.begin() + 10, data.end());
+  const auto opts = OptimizerOptions().lr(5e-3).weight_decay(0.01);
+  Model straight(2, 32, 12);
+  optim::Optimizer o1(straight.named_parameters(), opts);
+  train(straight, o1, data);
+
+  for (Mode resumed_mode : {Mode::standard, Mode::in_backward}) {
+    Model before(2, 32, 12);
+    optim::TensorDict saved_state;
+    std::vector<at::Tensor> saved_params;
+    {
+      optim::Optimizer o(before.named_parameters(), OptimizerOptions(opts).mode(
+                                                       resumed_mode == Mode::standard ? Mode::in_backward : Mode::standard));
+      train(before, o, first);
+      for (const auto& [k, v] : o.state_dict()) saved_state[k] = v.clone();
+      for (const auto& p : before.parameters()) saved_params.push_back(p.detach().clone());
+    }
+    Model after(2, 32, 99);  // other initial weights: everything comes from the saved state
+    {
+      at::NoGradGuard no_grad;
+      auto ps = after.parameters();
+      for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(saved_params[i]);
+    }
+    optim::Optimizer o(after.named_parameters(), OptimizerOptions(opts).mode(resumed_mode));
+    o.load_state_dict(saved_state);
+    train(after, o, second);
+    EXPECT_LE(max_param_diff(after, straight), 1e-6) << optim::mode_name(resumed_mode);
+  }
+}
+
+TEST(Optimizer, MismatchedStateIsRefusedWithTheNames) {
+  Model m(1, 32, 0);
+  optim::Optimizer opt(m.named_parameters(), OptimizerOptions());
+  opt.backward(m.loss(at::randn({1, 4, 32})));
+  opt.step();
+  auto state = opt.state_dict();
+  ASSERT_EQ(state.size(), 3 * m.parameters().size());
+  auto bad = state;
+  bad["block0.qkv.weight.exp_avg"] = at::zeros({3, 3});
+  bad["decoder.head.weight.exp_avg"] = at::zeros({3});
+  bad.erase("block0.fc1.bias.step");
+  bad.erase("block0.fc1.bias.exp_avg");
+  bad.erase("block0.fc1.bias.exp_avg_sq");
+  try {
+    opt.load_state_dict(bad);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Unknown entries: decoder.head.weight.exp_avg"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("block0.qkv.weight.exp_avg [3, 3] vs parameter [96, 32]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Missing: block0.fc1.bias"), std::string::npos) << msg;
+  }
+  opt.load_state_dict(state);  // the real one loads
+}
