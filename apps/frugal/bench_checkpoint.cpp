@@ -34,6 +34,7 @@ int bench_checkpoint(int argc, char** argv) {
   if (!args.parse(argc, argv, 3)) return 0;
   config.timing_runs = static_cast<int>(runs);
   config.budget_fractions = {0.25, 0.5, 0.75};
+  config.optimizer_modes = false;
   const std::string invalid = train::validate(config);
   if (!invalid.empty()) throw UsageError("--" + invalid);
 

@@ -12,6 +12,7 @@ int run_bench(int argc, char** argv);    // argv[1] = "bench", argv[2] = NAME
 // The benchmarks, one file each (bench_NAME.cpp); flags start at argv[3].
 int bench_checkpoint(int argc, char** argv);
 int bench_chunked_loss(int argc, char** argv);
+int bench_optim_in_backward(int argc, char** argv);
 
 // Writes text to path atomically, or to stdout when path is "-".
 void write_output(const std::string& path, const std::string& text);

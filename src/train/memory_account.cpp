@@ -282,6 +282,21 @@ AccountResult run_memory_account(const AccountConfig& config,
     clear_grads(stack.params);
   }
 
+  // (g) the optimizer step after backward vs inside it
+  if (config.optimizer_modes) {
+    say("comparing the optimizer step after and inside backward");
+    OptimInBackwardConfig oc;
+    oc.layers = L;
+    oc.width = d;
+    oc.heads = config.heads;
+    oc.batch = B;
+    oc.seq = T;
+    oc.seed = config.seed;
+    oc.device = config.device;
+    oc.timing_runs = config.timing ? config.timing_runs : 0;
+    result.optimizer_modes = run_optim_in_backward_benchmark(oc);
+  }
+
   // (e) prediction
   result.predicted_saved_bytes_none = models::predicted_saved_bytes(L, B, T, d, config.heads);
   return result;
@@ -339,6 +354,23 @@ void write_account_json(const AccountResult& r, std::ostream& out) {
   w.key("max_grad_diff").value(r.max_grad_diff());
   w.key("predicted_saved_bytes_none").value(r.predicted_saved_bytes_none);
   w.key("measured_over_predicted").value(r.measured_over_predicted());
+  if (r.optimizer_modes) {
+    const auto& o = *r.optimizer_modes;
+    w.key("optimizer").begin_object()
+        .key("algorithm").value("adamw")
+        .key("state_bytes").value(o.state_bytes)
+        .key("peak_bytes_standard").value(o.peak_bytes_standard)
+        .key("peak_bytes_in_backward").value(o.peak_bytes_in_backward)
+        .key("max_live_grad_bytes_standard").value(o.max_live_grad_bytes_standard)
+        .key("max_live_grad_bytes_in_backward").value(o.max_live_grad_bytes_in_backward)
+        .key("largest_grad_bytes").value(o.largest_grad_bytes);
+    if (o.time_s_standard > 0) {
+      w.key("time_ratio").value(o.time_s_in_backward / o.time_s_standard);
+    } else {
+      w.key("time_ratio").null();
+    }
+    w.key("max_param_diff").value(o.max_param_diff).end_object();
+  }
   if (!r.budgets.empty()) {
     w.key("budget_plan");
     write_budget_json(w, r.budgets.front(), r);
@@ -412,6 +444,16 @@ void write_account_table(const AccountResult& r, std::ostream& out) {
   }
   char mop[64];
   std::snprintf(mop, sizeof(mop), "%.4f", r.measured_over_predicted());
+  if (r.optimizer_modes) {
+    const auto& o = *r.optimizer_modes;
+    out << "\n" << std::left << std::setw(28) << "training step (AdamW)" << std::right << std::setw(14) << "peak"
+        << std::setw(18) << "live gradients" << "\n";
+    out << std::left << std::setw(28) << "  step after backward" << std::right << std::setw(14)
+        << io::human_bytes(o.peak_bytes_standard) << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_standard) << "\n";
+    out << std::left << std::setw(28) << "  step inside backward" << std::right << std::setw(14)
+        << io::human_bytes(o.peak_bytes_in_backward) << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_in_backward)
+        << "   (largest node " << io::human_bytes(o.largest_grad_bytes) << ")\n";
+  }
   for (const BudgetResult& b : r.budgets) {
     out << "\nactivation budget " << io::human_bytes(b.budget_bytes) << " (plain run's activation peak "
         << io::human_bytes(r.activation_peak_none) << "):\n";

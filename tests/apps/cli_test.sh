@@ -38,6 +38,7 @@ expect 2 "--width must be divisible by heads" -- account --width 130 --heads 4
 expect 2 "--heads takes an integer, got 'four'" -- account --heads four
 expect 2 "--seq needs a value" -- account --seq
 expect 2 "unknown benchmark 'nope'" -- bench nope
+expect 2 "--policy: unknown checkpointing policy 'most'" -- bench optim-in-backward --policy most
 expect 2 "--device must be cpu, cuda or cuda:N, got 'tpu'" -- account --device tpu
 expect 2 "unexpected argument 'extra'" -- account extra
 expect 2 "device cuda:0 is not available" -- account --device cuda:0
@@ -57,7 +58,7 @@ expect 0 "predicted peak" -- account --layers 4 --width 32 --heads 2 --batch 2 -
 expect 0 "measured / predicted" -- account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --json-out "$tmp/a.json"
 if [ -f "$tmp/a.json" ]; then
   keys=$(python3 -c 'import json,sys; print(",".join(json.load(open(sys.argv[1])).keys()))' "$tmp/a.json")
-  want="config,n_params,param_bytes,grad_bytes,adamw_state_bytes,saved_bytes,saved_ratio_vs_none,time_s,max_grad_diff,predicted_saved_bytes_none,measured_over_predicted"
+  want="config,n_params,param_bytes,grad_bytes,adamw_state_bytes,saved_bytes,saved_ratio_vs_none,time_s,max_grad_diff,predicted_saved_bytes_none,measured_over_predicted,optimizer"
   if [ "$keys" = "$want" ]; then pass=$((pass + 1)); else echo "FAIL: keys $keys"; failed=$((failed + 1)); fi
 else
   echo "FAIL: no JSON written"; failed=$((failed + 1))

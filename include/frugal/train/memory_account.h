@@ -21,6 +21,7 @@
 
 #include "frugal/checkpoint/planner.h"
 #include "frugal/io/json.h"
+#include "frugal/train/optim_benchmark.h"
 
 namespace frugal {
 namespace train {
@@ -41,6 +42,8 @@ struct AccountConfig {
   // peak; each gets a plan that is then run and measured.
   std::vector<int64_t> budget_bytes;
   std::vector<double> budget_fractions;
+  // Also compare a training step with AdamW after backward against AdamW inside it.
+  bool optimizer_modes = true;
 };
 
 // "layers must be >= 1, got 0" style message for the first bad field, or empty when valid.
@@ -81,6 +84,7 @@ struct AccountResult {
   int64_t activation_peak_none = 0;       // measured activation peak of the plain run
   int64_t planner_predicted_none = 0;     // the planner's prediction of it
   std::vector<BudgetResult> budgets;      // in budget_bytes then budget_fractions order
+  std::optional<OptimInBackwardResult> optimizer_modes;
 
   const VariantResult* find(const std::string& name) const;
   double max_grad_diff() const;
