@@ -25,39 +25,58 @@ std::string parent_dir(const std::string& path) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(&tmp[0]);
-  if (fd < 0) fail("cannot create a temporary file next to", path);
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp.XXXXXX") {
+  fd_ = ::mkstemp(&tmp_[0]);
+  if (fd_ < 0) fail("cannot create a temporary file next to", path_);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+  while (done < bytes) {
+    const ssize_t n = ::write(fd_, p + done, bytes - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("cannot write", tmp);
+      fail("cannot write", tmp_);
     }
     done += static_cast<size_t>(n);
   }
-  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    fail("cannot flush", tmp);
-  }
+}
+
+void AtomicFileWriter::commit() {
+  if (::fchmod(fd_, 0644) != 0 || ::fsync(fd_) != 0) fail("cannot flush", tmp_);
+  const int fd = fd_;
+  fd_ = -1;
   if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    fail("cannot close", tmp);
+    ::unlink(tmp_.c_str());
+    fail("cannot close", tmp_);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    fail("cannot rename the temporary file onto", path);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    ::unlink(tmp_.c_str());
+    fail("cannot rename the temporary file onto", path_);
   }
-  const int dir = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  sync_directory(parent_dir(path_));
+}
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  AtomicFileWriter w(path);
+  w.write(contents.data(), contents.size());
+  w.commit();
 }
 
 }  // namespace io

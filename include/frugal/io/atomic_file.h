@@ -14,5 +14,24 @@ namespace io {
 // Throws std::runtime_error naming the path and the system error when any step fails.
 void write_file_atomic(const std::string& path, const std::string& contents);
 
+// The same for large files written piece by piece. Until commit() the target is untouched; a
+// writer destroyed without commit() removes its temporary file.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  void write(const void* data, size_t bytes);
+  void commit();  // fsync, rename onto the target, fsync the folder
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+// fsyncs a folder (after files were created or renamed in it).
+void sync_directory(const std::string& dir);
+
 }  // namespace io
 }  // namespace frugal

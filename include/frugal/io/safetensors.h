@@ -1,0 +1,77 @@
+// frugal/io/safetensors.h — the safetensors format, read defensively and written atomically.
+//
+// Layout: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape,
+// data_offsets: [begin, end]}, "__metadata__": {string: string}}, then the raw little-endian data.
+// The reader checks every offset, size, dtype and shape against the file before reading a byte of
+// data, so a malformed or hostile file is a SafetensorsError naming the problem: never an
+// out-of-bounds read, never an allocation larger than the file.
+//
+//   frugal::io::write_safetensors("model.safetensors", {{"w", w}, {"b", b}});
+//   frugal::io::SafetensorsReader file("model.safetensors");
+//   at::Tensor w2 = file.load("w");
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace frugal {
+namespace io {
+
+struct SafetensorsError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct TensorEntry {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte offsets in the data section
+};
+
+struct SafetensorsHeader {
+  std::vector<TensorEntry> tensors;  // in file order
+  std::map<std::string, std::string> metadata;
+};
+
+constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+
+// Validates a header against the size of the data section that follows it. Throws SafetensorsError.
+SafetensorsHeader parse_safetensors_header(const std::string& json, uint64_t data_bytes);
+
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorEntry>& tensors() const { return header_.tensors; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
+  const TensorEntry* find(const std::string& name) const;
+  // A new CPU tensor with the stored bytes. Throws SafetensorsError for an unknown name.
+  at::Tensor load(const std::string& name) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  SafetensorsHeader header_;
+  std::map<std::string, size_t> index_;
+};
+
+// Writes tensors (any device, any layout; stored contiguous) atomically. Names must be unique and
+// must not be "__metadata__".
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+const char* safetensors_dtype_name(at::ScalarType t);  // "F32", "BF16", ...
+
+}  // namespace io
+}  // namespace frugal
