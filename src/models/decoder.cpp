@@ -1,0 +1,353 @@
+#include "frugal/models/decoder.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/functional/loss.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "frugal/checkpoint/selective.h"
+#include "frugal/loss/chunked_cross_entropy.h"
+#include "frugal/models/transformer_block.h"
+
+namespace frugal {
+namespace models {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::string DecoderConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    return v >= 1 ? std::string() : std::string(name) + " must be a positive integer, got " + std::to_string(v);
+  };
+  for (const auto& m : {positive("vocab_size", vocab_size), positive("dim", dim), positive("n_layers", n_layers),
+                        positive("n_heads", n_heads), positive("n_kv_heads", n_kv_heads), positive("ffn_dim", ffn_dim),
+                        positive("max_seq_len", max_seq_len)}) {
+    if (!m.empty()) return m;
+  }
+  if (arch != "llama" && arch != "gpt2") return "arch must be llama or gpt2, got '" + arch + "'";
+  if (dim % n_heads != 0) return "dim " + std::to_string(dim) + " must be divisible by n_heads " + std::to_string(n_heads);
+  if (n_heads % n_kv_heads != 0) {
+    return "n_heads " + std::to_string(n_heads) + " must be divisible by n_kv_heads " + std::to_string(n_kv_heads);
+  }
+  if (arch == "llama" && head_dim() % 2 != 0) return "the head size dim/n_heads must be even for rotary embeddings";
+  if (arch == "gpt2" && n_kv_heads != n_heads) return "gpt2 has no grouped-query attention: n_kv_heads must equal n_heads";
+  if (!(norm_eps > 0)) return "norm_eps must be > 0";
+  if (!(rope_theta > 0)) return "rope_theta must be > 0";
+  return "";
+}
+
+int64_t DecoderConfig::param_count() const {
+  const int64_t hd = head_dim(), kv = n_kv_heads * hd;
+  if (arch == "gpt2") {
+    const int64_t block = 4 * dim + (3 * dim * dim + 3 * dim) + (dim * dim + dim) + (dim * ffn_dim + ffn_dim) +
+                          (ffn_dim * dim + dim);
+    return vocab_size * dim + max_seq_len * dim + n_layers * block + 2 * dim;
+  }
+  const int64_t block = 2 * dim + dim * dim + 2 * dim * kv + dim * dim + 3 * dim * ffn_dim;
+  return vocab_size * dim * (tie_embeddings ? 1 : 2) + n_layers * block + dim;
+}
+
+// ---- RMSNorm: a Function that keeps only its input and 1/rms for backward ----
+
+namespace {
+
+class RMSNormFn : public torch::autograd::Function<RMSNormFn> {
+ public:
+  // x: (..., d), weight: (d)
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor r = (xf.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();  // (..., 1)
+    ctx->save_for_backward({x, weight, r});
+    return {(xf * r).to(x.scalar_type()) * weight};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor xf = s[0].to(at::kFloat), wf = s[1].to(at::kFloat), &r = s[2];
+    const at::Tensor g = grads[0].to(at::kFloat);
+    const at::Tensor xhat = xf * r;
+    at::Tensor gw;
+    if (ctx->needs_input_grad(1)) gw = (g * xhat).reshape({-1, xf.size(-1)}).sum(0).to(s[1].scalar_type());
+    at::Tensor gx;
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor gxhat = g * wf;  // (..., d)
+      gx = (r * (gxhat - xhat * (gxhat * xhat).mean(-1, true))).to(s[0].scalar_type());
+    }
+    return {gx, gw, at::Tensor()};
+  }
+};
+
+at::Tensor rotate_half(const at::Tensor& x) {  // x: (..., hd) -> (-x2, x1)
+  const int64_t h = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+// cos, sin: (T, hd) for positions 0..T-1
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t T, int64_t hd, double theta, const at::TensorOptions& opts) {
+  const auto f32 = opts.dtype(at::kFloat);
+  const at::Tensor inv_freq = at::pow(theta, at::arange(0, hd, 2, f32) / static_cast<double>(hd)).reciprocal();
+  const at::Tensor freqs = at::outer(at::arange(T, f32), inv_freq);  // (T, hd/2)
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);                // (T, hd)
+  return {emb.cos(), emb.sin()};
+}
+
+// Rotary embedding as a Function that keeps nothing but the tables: x: (B, T, H, hd) -> (B, H, T, hd)
+class RotaryFn : public torch::autograd::Function<RotaryFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    const at::Tensor c = cos.unsqueeze(1).to(x.scalar_type()), s = sin.unsqueeze(1).to(x.scalar_type());  // (T, 1, hd)
+    return {(x * c + rotate_half(x) * s).transpose(1, 2).contiguous()};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor g = grads[0].transpose(1, 2);  // (B, T, H, hd)
+    const at::Tensor c = saved[0].unsqueeze(1).to(g.scalar_type()), s = saved[1].unsqueeze(1).to(g.scalar_type());
+    // y = x c + R(x) s with R(x) = (-x2, x1); R^T(u) = (u2, -u1) = -R(u)
+    return {g * c - rotate_half(g * s), at::Tensor(), at::Tensor()};
+  }
+};
+
+// (B, KV, T, hd) -> (B, H, T, hd), each kv head serving H/KV query heads
+at::Tensor repeat_kv(const at::Tensor& x, int64_t rep) {
+  if (rep == 1) return x;
+  const int64_t B = x.size(0), KV = x.size(1), T = x.size(2), hd = x.size(3);
+  return x.unsqueeze(2).expand({B, KV, rep, T, hd}).reshape({B, KV * rep, T, hd});
+}
+
+at::Tensor lin(const torch::nn::Linear& l, const at::Tensor& x) { return checkpoint::linear(x, l->weight, l->bias); }
+
+// ---- Llama ----
+
+struct LlamaAttentionImpl : torch::nn::Module {
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t H, KV, hd;
+  double theta;
+  explicit LlamaAttentionImpl(const DecoderConfig& c) : H(c.n_heads), KV(c.n_kv_heads), hd(c.head_dim()), theta(c.rope_theta) {
+    auto opt = [](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(false); };
+    q_proj = register_module("q_proj", torch::nn::Linear(opt(c.dim, H * hd)));
+    k_proj = register_module("k_proj", torch::nn::Linear(opt(c.dim, KV * hd)));
+    v_proj = register_module("v_proj", torch::nn::Linear(opt(c.dim, KV * hd)));
+    o_proj = register_module("o_proj", torch::nn::Linear(opt(H * hd, c.dim)));
+  }
+  // x: (B, T, d) -> (B, T, d)
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t B = x.size(0), T = x.size(1);
+    const auto [cos, sin] = rotary_tables(T, hd, theta, x.options());
+    const at::Tensor q = RotaryFn::apply(lin(q_proj, x).view({B, T, H, hd}), cos, sin)[0];   // (B, H, T, hd)
+    const at::Tensor k = RotaryFn::apply(lin(k_proj, x).view({B, T, KV, hd}), cos, sin)[0];  // (B, KV, T, hd)
+    const at::Tensor v = lin(v_proj, x).view({B, T, KV, hd}).transpose(1, 2);                // (B, KV, T, hd)
+    const at::Tensor att = causal_attention(q, repeat_kv(k, H / KV), repeat_kv(v, H / KV));  // (B, H, T, hd)
+    return lin(o_proj, att.transpose(1, 2).reshape({B, T, H * hd}));
+  }
+};
+TORCH_MODULE(LlamaAttention);
+
+struct LlamaMLPImpl : torch::nn::Module {
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  explicit LlamaMLPImpl(const DecoderConfig& c) {
+    auto opt = [](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(false); };
+    gate_proj = register_module("gate_proj", torch::nn::Linear(opt(c.dim, c.ffn_dim)));
+    up_proj = register_module("up_proj", torch::nn::Linear(opt(c.dim, c.ffn_dim)));
+    down_proj = register_module("down_proj", torch::nn::Linear(opt(c.ffn_dim, c.dim)));
+  }
+  // x: (B, T, d) -> (B, T, d), SwiGLU
+  at::Tensor forward(const at::Tensor& x) { return lin(down_proj, at::silu(lin(gate_proj, x)) * lin(up_proj, x)); }
+};
+TORCH_MODULE(LlamaMLP);
+
+struct LlamaDecoderLayerImpl : torch::nn::Module {
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  explicit LlamaDecoderLayerImpl(const DecoderConfig& c) {
+    self_attn = register_module("self_attn", LlamaAttention(c));
+    mlp = register_module("mlp", LlamaMLP(c));
+    input_layernorm = register_module("input_layernorm", RMSNorm(c.dim, c.norm_eps));
+    post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.dim, c.norm_eps));
+  }
+  at::Tensor forward(const at::Tensor& x) {  // (B, T, d)
+    const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
+    return h + mlp->forward(post_attention_layernorm->forward(h));
+  }
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+struct LlamaModelImpl : torch::nn::Module {
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers;
+  RMSNorm norm{nullptr};
+  std::vector<LlamaDecoderLayer> blocks;
+  explicit LlamaModelImpl(const DecoderConfig& c) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.dim));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      blocks.emplace_back(c);
+      layers->push_back(blocks.back());
+    }
+    norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
+  }
+};
+TORCH_MODULE(LlamaModel);
+
+class LlamaForCausalLM : public DecoderImpl {
+ public:
+  explicit LlamaForCausalLM(const DecoderConfig& c) : DecoderImpl(c) {
+    model = register_module("model", LlamaModel(c));
+    if (!c.tie_embeddings) {
+      lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
+    }
+    init_weights();
+  }
+  at::Tensor hidden_states(const at::Tensor& tokens) override {
+    return model->norm->forward(run_blocks(model->embed_tokens->forward(tokens)));
+  }
+  at::Tensor head_weight() override { return config_.tie_embeddings ? model->embed_tokens->weight : lm_head->weight; }
+  std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(model->blocks); }
+
+ private:
+  void init_weights() {
+    at::NoGradGuard no_grad;
+    for (auto& p : named_parameters()) {
+      if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);  // Hugging Face's initializer_range
+    }
+  }
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+};
+
+// ---- GPT-2 ----
+
+struct GPT2AttentionImpl : torch::nn::Module {
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  int64_t H;
+  explicit GPT2AttentionImpl(const DecoderConfig& c) : H(c.n_heads) {
+    c_attn = register_module("c_attn", torch::nn::Linear(c.dim, 3 * c.dim));
+    c_proj = register_module("c_proj", torch::nn::Linear(c.dim, c.dim));
+  }
+  at::Tensor forward(const at::Tensor& x) {  // (B, T, d)
+    const int64_t B = x.size(0), T = x.size(1), d = x.size(2);
+    const at::Tensor parts = lin(c_attn, x).view({B, T, 3, H, d / H}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, hd)
+    const at::Tensor att = causal_attention(parts[0], parts[1], parts[2]);
+    return lin(c_proj, att.transpose(1, 2).reshape({B, T, d}));
+  }
+};
+TORCH_MODULE(GPT2Attention);
+
+struct GPT2MLPImpl : torch::nn::Module {
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  explicit GPT2MLPImpl(const DecoderConfig& c) {
+    c_fc = register_module("c_fc", torch::nn::Linear(c.dim, c.ffn_dim));
+    c_proj = register_module("c_proj", torch::nn::Linear(c.ffn_dim, c.dim));
+  }
+  at::Tensor forward(const at::Tensor& x) { return lin(c_proj, at::gelu(lin(c_fc, x))); }
+};
+TORCH_MODULE(GPT2MLP);
+
+struct GPT2BlockImpl : torch::nn::Module {
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  GPT2Attention attn{nullptr};
+  GPT2MLP mlp{nullptr};
+  explicit GPT2BlockImpl(const DecoderConfig& c) {
+    ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
+    attn = register_module("attn", GPT2Attention(c));
+    ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
+    mlp = register_module("mlp", GPT2MLP(c));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor h = x + attn->forward(ln_1->forward(x));
+    return h + mlp->forward(ln_2->forward(h));
+  }
+};
+TORCH_MODULE(GPT2Block);
+
+struct GPT2ModelImpl : torch::nn::Module {
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList h;
+  torch::nn::LayerNorm ln_f{nullptr};
+  std::vector<GPT2Block> blocks;
+  explicit GPT2ModelImpl(const DecoderConfig& c) {
+    wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.dim));
+    wpe = register_module("wpe", torch::nn::Embedding(c.max_seq_len, c.dim));
+    h = register_module("h", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      blocks.emplace_back(c);
+      h->push_back(blocks.back());
+    }
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
+  }
+};
+TORCH_MODULE(GPT2Model);
+
+class GPT2LMHead : public DecoderImpl {
+ public:
+  explicit GPT2LMHead(const DecoderConfig& c) : DecoderImpl(c) {
+    transformer = register_module("transformer", GPT2Model(c));
+    at::NoGradGuard no_grad;
+    for (auto& p : named_parameters()) {
+      if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);
+    }
+  }
+  at::Tensor hidden_states(const at::Tensor& tokens) override {
+    const int64_t T = tokens.size(1);
+    TORCH_CHECK(T <= config_.max_seq_len, "gpt2: sequence of ", T, " tokens exceeds max_seq_len ", config_.max_seq_len);
+    const at::Tensor pos = at::arange(T, tokens.options());
+    const at::Tensor x = transformer->wte->forward(tokens) + transformer->wpe->forward(pos);
+    return transformer->ln_f->forward(run_blocks(x));
+  }
+  at::Tensor head_weight() override { return transformer->wte->weight; }
+  std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(transformer->blocks); }
+
+ private:
+  GPT2Model transformer{nullptr};
+};
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", at::ones({dim})); }
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return RMSNormFn::apply(x, weight, eps_)[0]; }
+
+std::pair<at::Tensor, at::Tensor> apply_rotary(const at::Tensor& q, const at::Tensor& k, double theta) {
+  const auto [cos, sin] = rotary_tables(q.size(2), q.size(3), theta, q.options());
+  return {RotaryFn::apply(q.transpose(1, 2), cos, sin)[0], RotaryFn::apply(k.transpose(1, 2), cos, sin)[0]};
+}
+
+void DecoderImpl::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
+  policy_ = policy;
+  plan_.reset();
+}
+
+void DecoderImpl::set_plan(const checkpoint::ActivationPlan& plan) { plan_ = plan; }
+
+at::Tensor DecoderImpl::run_blocks(const at::Tensor& x) {
+  if (chain_.empty()) chain_ = chain();
+  return plan_ ? checkpoint::run_plan(chain_, x, *plan_) : checkpoint::run_chain(chain_, x, policy_);
+}
+
+at::Tensor DecoderImpl::logits(const at::Tensor& tokens) {
+  return at::linear(hidden_states(tokens), head_weight());  // (B, T, V)
+}
+
+at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options) {
+  const at::Tensor h = hidden_states(tokens);  // (B, T, d)
+  if (options.chunked()) {
+    return loss::chunked_cross_entropy(h, head_weight(), at::Tensor(), targets,
+                                       loss::ChunkedCrossEntropyOptions().chunk_size(options.chunk_size()).ignore_index(
+                                           options.ignore_index()));
+  }
+  const at::Tensor logits = at::linear(h, head_weight()).reshape({-1, config_.vocab_size});  // (B*T, V)
+  return torch::nn::functional::cross_entropy(
+      logits.to(at::kFloat), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.ignore_index()));
+}
+
+Decoder make_decoder(const DecoderConfig& config) {
+  const std::string invalid = config.validate();
+  if (!invalid.empty()) throw std::invalid_argument("model config: " + invalid);
+  if (config.arch == "gpt2") return std::make_shared<GPT2LMHead>(config);
+  return std::make_shared<LlamaForCausalLM>(config);
+}
+
+}  // namespace models
+}  // namespace frugal
