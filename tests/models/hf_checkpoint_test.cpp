@@ -1,0 +1,90 @@
+// Hugging Face checkpoints: a tiny model written and read back (single file and sharded, Llama and
+// GPT-2), configs, and clear errors for weights that do not fit.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "frugal/io/safetensors.h"
+#include "frugal/models/hf_checkpoint.h"
+
+using namespace frugal;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/frugal_hf_" + name;
+  ::mkdir(d.c_str(), 0755);
+  return d;
+}
+
+models::DecoderConfig tiny(const std::string& arch) {
+  models::DecoderConfig c;
+  c.arch = arch;
+  c.vocab_size = 50;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = arch == "llama" ? 2 : 4;
+  c.ffn_dim = 40;
+  c.max_seq_len = 32;
+  c.tie_embeddings = arch == "gpt2";
+  return c;
+}
+
+}  // namespace
+
+TEST(HfCheckpoint, RoundTripSingleAndSharded) {
+  for (const char* arch : {"llama", "gpt2"}) {
+    for (int64_t shard : {int64_t{0}, int64_t{3000}}) {
+      SCOPED_TRACE(std::string(arch) + " shard " + std::to_string(shard));
+      torch::manual_seed(0);
+      auto model = models::make_decoder(tiny(arch));
+      const std::string dir = fresh_dir(std::string(arch) + std::to_string(shard));
+      models::save_hf_checkpoint(*model, dir, shard);
+      struct stat st {};
+      EXPECT_EQ(::stat((dir + "/model.safetensors.index.json").c_str(), &st) == 0, shard > 0);
+      const auto cfg = models::read_hf_config(dir + "/config.json");
+      EXPECT_EQ(cfg.arch, arch);
+      EXPECT_EQ(cfg.n_kv_heads, tiny(arch).n_kv_heads);
+      EXPECT_EQ(cfg.param_count(), tiny(arch).param_count());
+      torch::manual_seed(1);
+      auto loaded = models::make_decoder(cfg);
+      models::load_hf_weights(*loaded, dir);
+      const at::Tensor tokens = at::randint(0, 50, {1, 6}, at::kLong);
+      at::NoGradGuard g;
+      EXPECT_TRUE(at::equal(loaded->logits(tokens), model->logits(tokens)));
+    }
+  }
+}
+
+TEST(HfCheckpoint, Gpt2WeightsAreStoredAsConv1D) {
+  auto model = models::make_decoder(tiny("gpt2"));
+  const std::string dir = fresh_dir("gpt2conv");
+  models::save_hf_checkpoint(*model, dir);
+  io::SafetensorsReader r(dir + "/model.safetensors");
+  EXPECT_EQ(r.find("transformer.h.0.attn.c_attn.weight")->shape, (std::vector<int64_t>{16, 48}));
+}
+
+TEST(HfCheckpoint, WeightsThatDoNotFitAreNamed) {
+  auto model = models::make_decoder(tiny("llama"));
+  const std::string dir = fresh_dir("bad");
+  io::write_safetensors(dir + "/model.safetensors",
+                        {{"model.embed_tokens.weight", at::zeros({50, 8})}, {"model.norm.weight", at::zeros({16})}});
+  try {
+    models::load_hf_weights(*model, dir);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Missing: model.layers.0."), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.embed_tokens.weight [50, 8] in the file vs [50, 16] in the model"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(models::load_hf_weights(*model, fresh_dir("empty")), std::invalid_argument);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "hidden_size": 16})";
+  try {
+    models::read_hf_config(dir + "/config.json");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("missing key 'vocab_size'"), std::string::npos) << e.what();
+  }
+}
