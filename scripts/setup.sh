@@ -8,6 +8,10 @@ packages=(
   libopenblas0-pthread  # without it matrix products fall back to reference BLAS (~30x slower)
   libgtest-dev          # GoogleTest
   python3               # the CLI test reads the JSON back
+  pkg-config
+  libsentencepiece-dev  # tokenizers (Llama's tokenizer.model format)
+  libyaml-cpp-dev       # training recipes
+  fortunes              # the default recipe's corpus (/usr/share/games/fortunes)
 )
 
 missing=()
