@@ -28,6 +28,30 @@ void Args::add_int(const std::string& name, int64_t* target, const std::string& 
                     }});
 }
 
+void Args::add_double(const std::string& name, double* target, const std::string& help, double min_value) {
+  std::ostringstream def;
+  def << *target;
+  flags_.push_back({name, help, "X", def.str(), true, [=](const std::string& text) {
+                      errno = 0;
+                      char* end = nullptr;
+                      const double v = std::strtod(text.c_str(), &end);
+                      if (text.empty() || *end != '\0' || errno == ERANGE || v != v) {
+                        throw UsageError("--" + name + " takes a number, got '" + text + "'");
+                      }
+                      if (v < min_value) {
+                        std::ostringstream m;
+                        m << "--" << name << " must be at least " << min_value << ", got " << text;
+                        throw UsageError(m.str());
+                      }
+                      *target = v;
+                    }});
+}
+
+void Args::add_rest(std::vector<std::string>* target, const std::string& metavar) {
+  rest_ = target;
+  rest_metavar_ = metavar;
+}
+
 void Args::add_string(const std::string& name, std::string* target, const std::string& help,
                       const std::string& metavar) {
   flags_.push_back({name, help, metavar, *target, true, [=](const std::string& text) {
@@ -79,6 +103,10 @@ bool Args::parse(int argc, char** argv, int first) {
         positionals_[next_positional++].set(arg);
         continue;
       }
+      if (rest_) {
+        rest_->push_back(arg);
+        continue;
+      }
       throw UsageError("unexpected argument '" + arg + "' (see 'frugal " + command_ + " --help')");
     }
     std::string name = arg.substr(2), value;
@@ -115,6 +143,7 @@ std::string Args::help() const {
   std::ostringstream out;
   out << "usage: frugal " << command_;
   for (const Flag& p : positionals_) out << " " << p.name;
+  if (rest_) out << " [" << rest_metavar_ << " ...]";
   out << " [flags]\n\n" << summary_ << "\n";
   if (!positionals_.empty()) {
     out << "\narguments:\n";

@@ -34,6 +34,9 @@ class Args {
   // A device flag: "cpu", "cuda", "cuda:N".
   void add_device(const std::string& name, c10::Device* target, const std::string& help);
   void add_flag(const std::string& name, bool* target, const std::string& help);
+  void add_double(const std::string& name, double* target, const std::string& help, double min_value);
+  // Arguments after the positionals that are not flags (e.g. key=value overrides).
+  void add_rest(std::vector<std::string>* target, const std::string& metavar);
   // Positional arguments, in order (all required).
   void add_positional(const std::string& name, std::string* target, const std::string& help);
 
@@ -51,6 +54,8 @@ class Args {
   std::string command_, summary_;
   std::vector<Flag> flags_;
   std::vector<Flag> positionals_;
+  std::vector<std::string>* rest_ = nullptr;
+  std::string rest_metavar_;
 };
 
 }  // namespace cli

@@ -19,6 +19,9 @@ const char* kUsage =
     "Train neural networks in less memory: see where every byte goes, then cut it.\n"
     "\n"
     "commands:\n"
+    "  train     train or fine-tune a Llama-style language model from a YAML recipe (frugal train default)\n"
+    "  generate  sample text from a trained checkpoint\n"
+    "  tokenizer train a SentencePiece tokenizer on a corpus, or encode text with one\n"
     "  account   measure parameter, gradient, optimizer and activation memory of a Transformer stack,\n"
     "            with and without activation checkpointing\n"
     "  bench     run a benchmark and print its ratios against the plain version (frugal bench --help)\n"
@@ -62,7 +65,10 @@ int main(int argc, char** argv) {
     }
     if (command == "account") return cli::run_account(argc, argv);
     if (command == "bench") return cli::run_bench(argc, argv);
-    throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench)");
+    if (command == "train") return cli::run_train(argc, argv);
+    if (command == "generate") return cli::run_generate(argc, argv);
+    if (command == "tokenizer") return cli::run_tokenizer(argc, argv);
+    throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench, train, generate, tokenizer)");
   } catch (const cli::UsageError& e) {
     std::cerr << "frugal: " << e.what() << "\n";
     return 2;

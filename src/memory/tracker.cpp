@@ -84,9 +84,9 @@ const char* action_name(Action a) {
   return "alloc";
 }
 
-std::shared_ptr<Tracker> Tracker::create() { return std::shared_ptr<Tracker>(new Tracker()); }
+std::shared_ptr<Tracker> Tracker::create(bool keep_events) { return std::shared_ptr<Tracker>(new Tracker(keep_events)); }
 
-Tracker::Tracker() : t0_(std::chrono::steady_clock::now()) {}
+Tracker::Tracker(bool keep_events) : keep_events_(keep_events), t0_(std::chrono::steady_clock::now()) {}
 
 int64_t Tracker::now_us() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_)
@@ -107,12 +107,18 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   const int64_t step = step_.load();
   if (size > 0) {
     live_.insert_or_assign(ptr, Allocation{size, events_.size(), scope_id, category, device});
-    events_.push_back(MemoryEvent{t, Action::alloc, size, category, phase, device,
-                                  reinterpret_cast<uint64_t>(ptr), step});
+    if (keep_events_) {
+      events_.push_back(MemoryEvent{t, Action::alloc, size, category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
+    }
     dev->live += size;
-    category_live_[static_cast<int>(category)] += size;
+    const int c = static_cast<int>(category);
+    category_live_[c] += size;
+    live_max_by_category_[c] = std::max(live_max_by_category_[c], category_live_[c]);
     total_live_ += size;
-    peak_ = std::max(peak_, total_live_);
+    if (total_live_ > peak_) {
+      peak_ = total_live_;
+      live_breakdown_at_peak_ = category_live_;
+    }
     return;
   }
   auto it = live_.find(ptr);
@@ -129,10 +135,11 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   if (open_scopes_.count(a.scope_id)) {
     // Made and freed inside the same scope: a temporary, in the timeline too.
     final_category = Category::temporary;
-    events_[a.event_index].category = Category::temporary;
+    if (keep_events_) events_[a.event_index].category = Category::temporary;
   }
-  events_.push_back(MemoryEvent{t, Action::free, a.bytes, final_category, phase, device,
-                                reinterpret_cast<uint64_t>(ptr), step});
+  if (keep_events_) {
+    events_.push_back(MemoryEvent{t, Action::free, a.bytes, final_category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
+  }
 }
 
 int64_t Tracker::open_scope(bool reclassify_transients) {
@@ -151,7 +158,7 @@ bool Tracker::retag(const void* ptr, Category category) {
   category_live_[static_cast<int>(category)] += a.bytes;
   a.category = category;
   a.scope_id = 0;  // no scope: never reclassified as temporary
-  events_[a.event_index].category = category;
+  if (keep_events_) events_[a.event_index].category = category;
   return true;
 }
 
@@ -163,6 +170,7 @@ void Tracker::close_scope(int64_t id) {
 void Tracker::mark(Action action, Phase phase) {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!keep_events_) return;
   events_.push_back(
       MemoryEvent{t, action, 0, default_category(phase), phase, c10::Device(c10::kCPU), 0, step_.load()});
 }
@@ -199,6 +207,8 @@ void Tracker::reset_peak() {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
   peak_ = total_live_;
+  live_breakdown_at_peak_ = category_live_;
+  live_max_by_category_ = category_live_;
   peak_since_event_ = events_.size();
   peak_since_us_ = t;
 }
@@ -206,6 +216,13 @@ void Tracker::reset_peak() {
 PeakReport Tracker::peak_report(std::optional<c10::Device> device) const {
   std::lock_guard<std::mutex> lock(mutex_);
   PeakReport r;
+  if (!keep_events_) {
+    r.peak_bytes = peak_;
+    r.breakdown = live_breakdown_at_peak_;
+    r.max_by_category = live_max_by_category_;
+    r.peak_step = step_.load();
+    return r;
+  }
   CategoryBytes live{};
   int64_t total = 0;
   bool seeded = false;

@@ -199,9 +199,8 @@ class LlamaForCausalLM : public DecoderImpl {
     }
     init_weights();
   }
-  at::Tensor hidden_states(const at::Tensor& tokens) override {
-    return model->norm->forward(run_blocks(model->embed_tokens->forward(tokens)));
-  }
+  at::Tensor embed(const at::Tensor& tokens) override { return model->embed_tokens->forward(tokens); }
+  at::Tensor hidden_states(const at::Tensor& tokens) override { return model->norm->forward(run_blocks(embed(tokens))); }
   at::Tensor head_weight() override { return config_.tie_embeddings ? model->embed_tokens->weight : lm_head->weight; }
   std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(model->blocks); }
 
@@ -288,13 +287,13 @@ class GPT2LMHead : public DecoderImpl {
       if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);
     }
   }
-  at::Tensor hidden_states(const at::Tensor& tokens) override {
+  at::Tensor embed(const at::Tensor& tokens) override {
     const int64_t T = tokens.size(1);
     TORCH_CHECK(T <= config_.max_seq_len, "gpt2: sequence of ", T, " tokens exceeds max_seq_len ", config_.max_seq_len);
     const at::Tensor pos = at::arange(T, tokens.options());
-    const at::Tensor x = transformer->wte->forward(tokens) + transformer->wpe->forward(pos);
-    return transformer->ln_f->forward(run_blocks(x));
+    return transformer->wte->forward(tokens) + transformer->wpe->forward(pos);
   }
+  at::Tensor hidden_states(const at::Tensor& tokens) override { return transformer->ln_f->forward(run_blocks(embed(tokens))); }
   at::Tensor head_weight() override { return transformer->wte->weight; }
   std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(transformer->blocks); }
 

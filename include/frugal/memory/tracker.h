@@ -60,7 +60,10 @@ struct PeakReport {
 
 class Tracker {
  public:
-  static std::shared_ptr<Tracker> create();
+  // keep_events = false keeps only counters and maxima (constant memory for long runs): events()
+  // is then empty and peak_report() gives the maxima seen live, with categories as tagged at the
+  // time (a transient's later reclassification to temporary is not applied to past maxima).
+  static std::shared_ptr<Tracker> create(bool keep_events = true);
 
   // Live bytes of allocations made while tracking and not yet freed.
   int64_t live_bytes() const;
@@ -96,8 +99,11 @@ class Tracker {
   void mark_step(int64_t step);
 
  private:
-  Tracker();
+  explicit Tracker(bool keep_events);
   int64_t now_us() const;
+  bool keep_events_ = true;
+  CategoryBytes live_max_by_category_{};
+  CategoryBytes live_breakdown_at_peak_{};
 
   struct Allocation {
     int64_t bytes;

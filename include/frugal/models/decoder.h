@@ -56,6 +56,8 @@ class DecoderImpl : public torch::nn::Module {
   virtual ~DecoderImpl() = default;
   const DecoderConfig& config() const { return config_; }
 
+  // tokens: (B, T) int64 -> the blocks' input: (B, T, dim)
+  virtual at::Tensor embed(const at::Tensor& tokens) = 0;
   // tokens: (B, T) int64 -> hidden states after the final norm: (B, T, dim)
   virtual at::Tensor hidden_states(const at::Tensor& tokens) = 0;
   // The output head's weight: (vocab, dim) (the embedding's when tied).

@@ -1,0 +1,167 @@
+// frugal train — train or fine-tune a language model from a YAML recipe, with every memory
+// technique the recipe asks for; --dry-run estimates the peak memory without allocating the model.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <sstream>
+
+#include "args.h"
+#include "commands.h"
+#include "frugal/data/tokenizer.h"
+#include "frugal/io/json.h"
+#include "frugal/io/units.h"
+#include "frugal/train/trainer.h"
+
+namespace frugal {
+namespace cli {
+namespace {
+
+bool is_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// A path, or a shipped recipe's name (recipes/NAME.yaml here or in the source tree).
+std::string resolve_recipe(const std::string& arg) {
+  if (is_file(arg)) return arg;
+  for (const std::string& dir : {std::string("recipes"), std::string(FRUGAL_SOURCE_DIR) + "/recipes"}) {
+    const std::string p = dir + "/" + arg + ".yaml";
+    if (is_file(p)) return p;
+  }
+  throw UsageError("recipe '" + arg + "' is neither a file nor a shipped recipe (tiny, default, llama2-7b)");
+}
+
+void write_estimate(io::JsonWriter& w, const train::MemoryEstimate& e) {
+  w.begin_object().key("peak_bytes").value(e.peak_bytes).key("by_category").begin_object();
+  for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(e.by_category[static_cast<int>(c)]);
+  w.end_object().end_object();
+}
+
+void print_estimate_table(std::ostream& out, const char* title, const train::MemoryEstimate& e,
+                          const memory::PeakReport* measured) {
+  out << title << "\n";
+  auto row = [&](const char* name, int64_t estimated, int64_t real) {
+    char line[160];
+    if (measured) {
+      std::snprintf(line, sizeof(line), "  %-16s %14s %14s\n", name, io::human_bytes(estimated).c_str(), io::human_bytes(real).c_str());
+    } else {
+      std::snprintf(line, sizeof(line), "  %-16s %14s\n", name, io::human_bytes(estimated).c_str());
+    }
+    out << line;
+  };
+  char head[160];
+  std::snprintf(head, sizeof(head), measured ? "  %-16s %14s %14s\n" : "  %-16s %14s\n", "category", "estimated", "measured");
+  out << head;
+  for (memory::Category c : memory::kAllCategories) {
+    const int i = static_cast<int>(c);
+    row(memory::category_name(c), e.by_category[i], measured ? measured->breakdown[i] : 0);
+  }
+  row("peak", e.peak_bytes, measured ? measured->peak_bytes : 0);
+}
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  std::string recipe_arg, json_out;
+  std::vector<std::string> overrides;
+  bool resume = false, dry_run = false, list_keys = false;
+  std::string progress = "auto";
+  Args args("train",
+            "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
+            "default, llama2-7b). Any recipe key can be overridden as section.key=value.");
+  args.add_positional("RECIPE", &recipe_arg, "recipe file or shipped recipe name");
+  args.add_rest(&overrides, "section.key=value");
+  args.add_flag("resume", &resume, "continue from the last checkpoint in train.out_dir (exactly as if never stopped)");
+  args.add_flag("dry-run", &dry_run, "estimate the peak memory per category without allocating the model, then stop");
+  args.add_string("json-out", &json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
+  args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
+  args.add_flag("list-keys", &list_keys, "print every recipe key and stop");
+  // RECIPE is optional with --list-keys
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) == "--list-keys") {
+      for (const auto& k : train::recipe_keys()) std::cout << k << "\n";
+      return 0;
+    }
+  }
+  if (!args.parse(argc, argv, 2)) return 0;
+  if (progress != "auto" && progress != "bar" && progress != "lines") throw UsageError("--progress must be auto, bar or lines, got '" + progress + "'");
+  train::Recipe recipe;
+  try {
+    recipe = train::load_recipe(resolve_recipe(recipe_arg), overrides);
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
+  }
+  auto log = [](const std::string& line) { std::cerr << "frugal train: " << line << "\n"; };
+
+  if (dry_run) {
+    int64_t vocab = recipe.model.vocab_size;
+    if (vocab == 0) {
+      if (!is_file(recipe.tokenizer)) {
+        throw UsageError("model.vocab_size is 0 (take it from the tokenizer) but " + recipe.tokenizer +
+                         " does not exist yet: set model.vocab_size or train the tokenizer first");
+      }
+      vocab = data::Tokenizer::load(recipe.tokenizer).vocab_size();
+    }
+    const auto est = train::estimate_training_memory(recipe, vocab);
+    const auto plain = train::estimate_training_memory(train::without_techniques(recipe), vocab);
+    std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters ("
+              << recipe.dtype << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens\n";
+    print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
+    print_estimate_table(std::cout, "estimated peak with every technique off:", plain, nullptr);
+    if (!json_out.empty()) {
+      std::ostringstream json;
+      io::JsonWriter w(json);
+      w.begin_object().key("recipe").value(recipe.name).key("n_params").value(est.n_params);
+      w.key("peak_bytes").value(est.peak_bytes).key("by_category").begin_object();
+      for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(est.by_category[static_cast<int>(c)]);
+      w.end_object().key("techniques_off");
+      write_estimate(w, plain);
+      w.end_object();
+      write_output(json_out, json.str());
+    }
+    return 0;
+  }
+
+  const bool bar = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
+  train::TrainResult result;
+  try {
+    result = train::run_training(recipe, train::TrainOptions().resume(resume).progress_bar(bar), log);
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
+  }
+  std::ostringstream summary;
+  char line[256];
+  std::snprintf(line, sizeof(line), "trained %s (%lld parameters) to step %lld: last loss %.4f, validation loss %.4f, %.0f tokens/s\n",
+                recipe.name.c_str(), static_cast<long long>(result.n_params), static_cast<long long>(result.last_step),
+                result.losses.empty() ? 0.0 : result.losses.back(), result.val_loss, result.tokens_per_s);
+  summary << line;
+  print_estimate_table(summary, "peak memory per category (at the measured peak):", result.estimate, &result.peak);
+  summary << "estimated peak of the same job with every technique off: " << io::human_bytes(result.estimate_plain.peak_bytes)
+          << " (measured peak is " << io::human_bytes(result.peak.peak_bytes) << ")\n";
+  summary << "checkpoint: " << result.checkpoint << "\n";
+  if (!result.sample.empty()) summary << "sample: " << result.sample << "\n";
+  std::cout << summary.str();
+  if (!json_out.empty()) {
+    std::ostringstream json;
+    io::JsonWriter w(json);
+    w.begin_object().key("recipe").value(recipe.name).key("n_params").value(result.n_params);
+    w.key("first_step").value(result.first_step).key("last_step").value(result.last_step);
+    w.key("final_loss").value(result.losses.empty() ? 0.0 : result.losses.back()).key("val_loss").value(result.val_loss);
+    w.key("tokens_per_s").value(result.tokens_per_s);
+    w.key("peak_bytes").value(result.peak.peak_bytes).key("by_category").begin_object();
+    for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);
+    w.end_object().key("estimate");
+    write_estimate(w, result.estimate);
+    w.key("estimate_techniques_off");
+    write_estimate(w, result.estimate_plain);
+    w.key("losses").begin_array();
+    for (double l : result.losses) w.value(l);
+    w.end_array().key("checkpoint").value(result.checkpoint).key("sample").value(result.sample).end_object();
+    write_output(json_out, json.str());
+  }
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace frugal

@@ -1,0 +1,47 @@
+// frugal/train/run_state.h — training checkpoints that survive a kill at any moment.
+//
+// Each checkpoint is a folder out_dir/step-NNNNNNNN with the model (config.json +
+// model.safetensors, Hugging Face layout), the optimizer state (optimizer.safetensors, keyed by
+// parameter name), trainer_state.json (step, schedule step, RNG state), the recipe and the
+// tokenizer. It is written under a temporary name, every file fsync'ed, then renamed into place;
+// only then is out_dir/latest (written atomically) pointed at it. A kill leaves the previous
+// checkpoint intact and `latest` pointing at it.
+//
+//   frugal::train::save_run_state(out_dir, state, model, optimizer, recipe_yaml, tokenizer_path, /*keep=*/2);
+//   auto latest = frugal::train::latest_checkpoint(out_dir);    // "" when none
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "frugal/models/decoder.h"
+#include "frugal/optim/optimizer.h"
+
+namespace frugal {
+namespace train {
+
+struct RunState {
+  int64_t step = 0;            // training steps completed
+  int64_t schedule_step = 0;   // LRScheduler::last_step()
+  std::string rng_state_hex;   // the CPU generator's state
+  double last_loss = 0;
+};
+
+// Returns the folder written.
+std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model,
+                           const optim::Optimizer& optimizer, const std::string& recipe_yaml,
+                           const std::string& tokenizer_path, int64_t keep);
+
+// The folder `latest` points at, or "" when there is none. Throws std::invalid_argument when it
+// points at a folder that is missing.
+std::string latest_checkpoint(const std::string& out_dir);
+
+// Loads the model weights and optimizer state from a checkpoint folder and returns its state.
+RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer);
+RunState read_trainer_state(const std::string& checkpoint_dir);
+
+std::string rng_state_to_hex();
+void rng_state_from_hex(const std::string& hex);
+
+}  // namespace train
+}  // namespace frugal
