@@ -1,6 +1,7 @@
 #include "frugal/train/estimate.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "frugal/checkpoint/policy.h"
 
@@ -42,60 +43,75 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   const int64_t block_input = BT * d * e;
   const int64_t kept_linears = llama ? BT * (4 * d + 2 * kv + 2 * f) * e : BT * (6 * d + f) * e;
   est.activation_per_layer = plain_layer;
-  int64_t A = 0;
-  bool recomputes = false;
-  int64_t kept_when_checkpointed = block_input;  // what a checkpointed block keeps
+  // What each block keeps until its backward, and whether it is recomputed.
+  std::vector<int64_t> kept(static_cast<size_t>(L), plain_layer);
+  std::vector<bool> recomputed(static_cast<size_t>(L), false);
   if (r.activation_budget > 0) {
-    A = std::min(r.activation_budget, L * plain_layer);
-    recomputes = A < L * plain_layer;
+    // The planner fits the budget; bound each block by it evenly (the plan itself needs measurements).
+    const int64_t per_block = std::min(plain_layer, r.activation_budget / std::max<int64_t>(1, L));
+    for (int64_t i = 0; i < L; ++i) {
+      kept[static_cast<size_t>(i)] = per_block;
+      recomputed[static_cast<size_t>(i)] = per_block < plain_layer;
+    }
   } else {
     const auto policy = checkpoint::CheckpointPolicy::parse(r.checkpointing);
     for (int64_t i = 0; i < L; ++i) {
-      if (!policy.checkpoints(i)) {
-        A += plain_layer;
-      } else {
-        if (policy.kind == checkpoint::PolicyKind::selective) kept_when_checkpointed = block_input + kept_linears;
-        A += kept_when_checkpointed;
-        recomputes = true;
-      }
+      if (!policy.checkpoints(i)) continue;
+      kept[static_cast<size_t>(i)] = policy.kind == checkpoint::PolicyKind::selective ? block_input + kept_linears : block_input;
+      recomputed[static_cast<size_t>(i)] = true;
     }
   }
   // The head: the final norm keeps its input and (llama) 1/rms, the loss keeps the normed states,
   // and the plain loss its fp32 log-softmax (B*T, V); the chunked loss one fp32 per token.
-  A += BT * (2 * d * e + (llama ? 4 : 8)) + (r.chunked_loss ? BT * 4 : BT * V * 4);
-
-  // Temporaries at the start of backward: the loss's gradient work.
-  const int64_t chunk = std::min(r.loss_chunk, BT);
-  const int64_t head_grad = V * d * e;
-  const int64_t loss_bwd = r.chunked_loss ? 2 * chunk * V * 4 + V * d * 4 + BT * d * e : 2 * BT * V * 4 + BT * d * e;
-  // A checkpointed block's recompute brings back what it did not keep.
-  const int64_t recompute = recomputes ? plain_layer - kept_when_checkpointed : 0;
-  // The optimizer's temporary: one parameter-sized buffer for the largest parameter.
-  const int64_t largest_param = std::max({V * d, d * f, d * d}) * e;
-  const int64_t opt_tmp = r.algorithm == "sgd" ? 0 : largest_param;
+  const int64_t head_kept = BT * (2 * d * e + (llama ? 4 : 8)) + (r.chunked_loss ? BT * 4 : BT * V * 4);
+  int64_t A = head_kept;
+  for (int64_t k : kept) A += k;
 
   // Gradients live together: all of them after a standard backward; in in-backward mode what one
   // backward node hands over (a checkpointed block's parameters, else the largest layer).
+  const int64_t head_grad = V * d * e;
+  const int64_t largest_param = std::max({V * d, d * f, d * d}) * e;
   const int64_t block_params = llama ? (2 * d + 2 * d * d + 2 * d * kv + 3 * d * f) * e : (12 * d * d + 13 * d) * e;
-  const int64_t G_all = P;
-  const int64_t G_node = recomputes ? std::max(block_params, head_grad) : largest_param;
+  const bool any_recompute = std::find(recomputed.begin(), recomputed.end(), true) != recomputed.end();
+  const int64_t G_node = any_recompute ? std::max(block_params, head_grad) : largest_param;
 
-  const int64_t bwd_start = A + std::max(loss_bwd, recompute) + head_grad;
+  // Candidate peaks (activations + temporaries + live gradients):
+  //  (a) the loss's backward at the start of backward: its gradient work on top of every kept tensor;
+  //  (b) a block's backward: everything kept before it, the block's full activations (recomputed
+  //      if checkpointed) and its backward working set, about half a block's activations.
+  const int64_t chunk = std::min(r.loss_chunk, BT);
+  const int64_t loss_bwd = r.chunked_loss ? 2 * chunk * V * 4 + V * d * 4 + BT * d * e : 2 * BT * V * 4 + BT * d * e;
+  const int64_t working_set = plain_layer / 2;
+  int64_t peak_act = A, peak_tmp = loss_bwd, peak_grad = r.in_backward ? G_node : 0;
+  int64_t prefix = 0, grads_after = head_grad;  // standard mode: gradients of the head and later blocks
+  std::vector<int64_t> grads_after_block(static_cast<size_t>(L));
+  for (int64_t i = L - 1; i >= 0; --i) {
+    grads_after_block[static_cast<size_t>(i)] = grads_after;
+    grads_after += block_params;
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t act = prefix + plain_layer;
+    const int64_t grad = r.in_backward ? G_node : grads_after_block[static_cast<size_t>(i)];
+    if (act + working_set + grad > peak_act + peak_tmp + peak_grad) {
+      peak_act = prefix + kept[static_cast<size_t>(i)];
+      peak_tmp = plain_layer - kept[static_cast<size_t>(i)] + working_set;
+      peak_grad = grad;
+    }
+    prefix += kept[static_cast<size_t>(i)];
+  }
+  //  (c) the optimizer step after backward: every gradient and one parameter-sized temporary.
+  const int64_t opt_tmp = r.algorithm == "sgd" ? 0 : largest_param;
   auto& cat = est.by_category;
   cat[static_cast<int>(Category::parameter)] = P;
   cat[static_cast<int>(Category::optimizer_state)] = S;
   cat[static_cast<int>(Category::input)] = input;
-  if (r.in_backward) {
-    cat[static_cast<int>(Category::activation)] = A;
-    cat[static_cast<int>(Category::gradient)] = G_node;
-    cat[static_cast<int>(Category::temporary)] = std::max(loss_bwd, recompute) + opt_tmp;
-  } else if (bwd_start >= G_all + opt_tmp) {
-    cat[static_cast<int>(Category::activation)] = A;
-    cat[static_cast<int>(Category::gradient)] = head_grad;
-    cat[static_cast<int>(Category::temporary)] = std::max(loss_bwd, recompute);
-  } else {
-    cat[static_cast<int>(Category::gradient)] = G_all;
+  if (!r.in_backward && P + opt_tmp > peak_act + peak_tmp + peak_grad) {
+    cat[static_cast<int>(Category::gradient)] = P;
     cat[static_cast<int>(Category::temporary)] = opt_tmp;
+  } else {
+    cat[static_cast<int>(Category::activation)] = peak_act;
+    cat[static_cast<int>(Category::temporary)] = peak_tmp;
+    cat[static_cast<int>(Category::gradient)] = peak_grad;
   }
   for (int64_t b : cat) est.peak_bytes += b;
   return est;

@@ -194,7 +194,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
   result.estimate_plain = estimate_training_memory(without_techniques(r), cfg.vocab_size);
 
   // The tracker keeps counters only, so a long run costs no memory for its timeline.
-  auto tracker = memory::Tracker::create(/*keep_events=*/false);
+  auto tracker = memory::Tracker::create(options.keep_events());
+  result.tracker = tracker;
   memory::TrackingGuard tracking(tracker);
 
   torch::manual_seed(static_cast<uint64_t>(r.seed));
@@ -297,7 +298,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
   auto t_log = Clock::now();
   int64_t tokens_since_log = 0;
   double loss_value = 0;
-  for (int64_t step = start; step < r.steps; ++step) {
+  const int64_t stop = options.stop_after() >= 0 ? std::min(options.stop_after(), r.steps) : r.steps;
+  for (int64_t step = start; step < stop; ++step) {
     memory::mark_step(step);
     if (step == start + 1) tracker->reset_peak();  // the first step also creates the optimizer state
     const auto [x, y] = batch(step);
@@ -359,14 +361,14 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
       if (options.progress_bar()) std::fprintf(stderr, "\n");
       log(line);
     }
-    if ((r.checkpoint_interval > 0 && done % r.checkpoint_interval == 0) || done == r.steps) checkpoint_now(done, loss_value);
+    if ((r.checkpoint_interval > 0 && done % r.checkpoint_interval == 0) || done == stop) checkpoint_now(done, loss_value);
   }
-  result.last_step = r.steps;
+  result.last_step = std::max(start, stop);
   const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-  result.tokens_per_s = static_cast<double>((r.steps - start) * r.batch_size * r.seq_len) / std::max(elapsed, 1e-9);
+  result.tokens_per_s = static_cast<double>((result.last_step - start) * r.batch_size * r.seq_len) / std::max(elapsed, 1e-9);
   result.peak = tracker->peak_report();
   result.val_loss = evaluate();
-  std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", static_cast<long long>(r.steps), result.val_loss);
+  std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", static_cast<long long>(result.last_step), result.val_loss);
   std::fclose(metrics);
   if (options.sample() && r.sample_tokens > 0) {
     result.sample = generate_text(*model, tok, r.sample_prompt, r.sample_tokens, 0.8, 40, static_cast<uint64_t>(r.seed));

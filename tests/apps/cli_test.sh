@@ -4,7 +4,7 @@
 set -u
 frugal="$1"
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 failed=0
 pass=0
 
@@ -63,6 +63,62 @@ if [ -f "$tmp/a.json" ]; then
 else
   echo "FAIL: no JSON written"; failed=$((failed + 1))
 fi
+
+# ---- frugal train, generate, tokenizer ----
+expect 2 "is neither a file nor a shipped recipe" -- train nosuchrecipe
+expect 2 "unknown key 'train.stpes'" -- train tiny train.stpes=3
+expect 2 "train.steps must be an integer, got 'x'" -- train tiny train.steps=x
+expect 2 "override 'oops' must look like section.key=value" -- train tiny oops
+expect 0 "estimated peak with the recipe's techniques" -- train llama2-7b --dry-run --json-out "$tmp/7b.json"
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["peak_bytes"] > 0 and sum(d["by_category"].values()) == d["peak_bytes"]' "$tmp/7b.json"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL: dry-run JSON"; failed=$((failed + 1))
+fi
+
+# Kill a run with SIGKILL mid-training, resume it, and compare with an uninterrupted run.
+common=(data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=300
+        train.checkpoint_interval=5 train.eval_interval=0 train.sample_tokens=0 --progress lines)
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/straight" >"$tmp/straight.log" 2>&1 || { echo "FAIL: uninterrupted run"; cat "$tmp/straight.log"; failed=$((failed + 1)); }
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/killed" >"$tmp/killed.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  if [ -f "$tmp/killed/latest" ] && [ "$(sed 's/step-0*//' "$tmp/killed/latest")" -ge 20 ] 2>/dev/null; then break; fi
+  sleep 0.05
+done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+killed_at=$(cat "$tmp/killed/latest" 2>/dev/null)
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/killed" --resume >"$tmp/resumed.log" 2>&1 || { echo "FAIL: resumed run"; cat "$tmp/resumed.log"; failed=$((failed + 1)); }
+if python3 - "$tmp/straight/metrics.jsonl" "$tmp/killed/metrics.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for line in open(path):
+        d = json.loads(line)
+        if "loss" in d:
+            out[d["step"]] = d["loss"]
+    return out
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(a) == list(range(1, 301)), "uninterrupted run incomplete"
+assert sorted(b) == sorted(a), f"resumed run has steps {min(b)}..{max(b)} ({len(b)})"
+diff = [s for s in a if a[s] != b[s]]
+assert not diff, f"losses differ from step {diff[0]}: {a[diff[0]]} vs {b[diff[0]]}"
+PY
+then
+  pass=$((pass + 1))
+  grep -q "resumed from" "$tmp/resumed.log" || { echo "FAIL: the run was not resumed ($killed_at)"; failed=$((failed + 1)); }
+else
+  echo "FAIL: killed at $killed_at and resumed, the loss trajectory differs"; failed=$((failed + 1))
+fi
+
+expect 0 "A fool" -- generate --checkpoint "$tmp/straight" --prompt "A fool" --tokens 5
+expect 2 "--checkpoint /nonexistent is not a folder" -- generate --checkpoint /nonexistent --prompt x
+mkdir -p "$tmp/corpus" && printf 'one fortune\n%%\nanother fortune here\n%%\nand a third\n' > "$tmp/corpus/f"
+for i in $(seq 1 50); do printf 'line %d of some text about cats and dogs\n%%\n' "$i" >> "$tmp/corpus/f"; done
+expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t2" --vocab-size 300
+expect 0 "cats" -- tokenizer encode "$tmp/t2.model" "cats and dogs"
+expect 2 "cannot be loaded" -- tokenizer encode "$tmp/corpus/f" "x"
 
 echo "$pass passed, $failed failed"
 [ "$failed" = 0 ]

@@ -27,6 +27,8 @@ struct TrainOptions {
   TORCH_ARG(bool, resume) = false;        // continue from out_dir/latest when it exists
   TORCH_ARG(bool, progress_bar) = false;  // redraw one line (a terminal); else plain lines
   TORCH_ARG(bool, sample) = true;         // generate from train.sample_prompt at the end
+  TORCH_ARG(int64_t, stop_after) = -1;    // stop (with a checkpoint) once this step is done; -1: train.steps
+  TORCH_ARG(bool, keep_events) = false;   // keep the allocation timeline (exact categories; memory grows with the run)
 };
 
 struct TrainResult {
@@ -41,6 +43,7 @@ struct TrainResult {
   MemoryEstimate estimate_plain;   // the same job with the techniques off
   std::string sample;              // generated text
   std::string checkpoint;          // the last checkpoint written
+  std::shared_ptr<memory::Tracker> tracker;  // the run's allocation tracker
 };
 
 struct PreparedData {
