@@ -1,5 +1,5 @@
 // frugal bench NAME — benchmarks that print memory and time against the plain version as ratios,
-// measured in one run. NAME: checkpoint, chunked-loss, optim-in-backward.
+// measured in one run. NAME: checkpoint, chunked-loss, optim-in-backward, train.
 #include <iostream>
 #include <sstream>
 
@@ -21,6 +21,8 @@ const char* kBenchUsage =
     "               (8192 tokens, hidden 512, vocabulary 32000)\n"
     "  optim-in-backward  peak memory and time of a training step with AdamW stepped inside backward\n"
     "               against the standard step (12 layers, d 512, batch 1, seq 64)\n"
+    "  train        the default recipe with every memory technique on and off: tokens/s, achieved\n"
+    "               GFLOP/s against matmul GFLOP/s, peak_bytes_all_on / peak_bytes_all_off\n"
     "\n"
     "'frugal bench NAME --help' describes its flags.\n";
 
@@ -35,7 +37,8 @@ int run_bench(int argc, char** argv) {
   if (name == "checkpoint") return bench_checkpoint(argc, argv);
   if (name == "chunked-loss") return bench_chunked_loss(argc, argv);
   if (name == "optim-in-backward") return bench_optim_in_backward(argc, argv);
-  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward)");
+  if (name == "train") return bench_train(argc, argv);
+  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train)");
 }
 
 }  // namespace cli

@@ -1,0 +1,83 @@
+// frugal bench train — the default recipe with every memory technique on and off: throughput,
+// achieved model FLOP/s against this machine's matrix-product speed, and the peak-memory ratio.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "args.h"
+#include "commands.h"
+#include "frugal/io/json.h"
+#include "frugal/io/units.h"
+#include "frugal/train/hardware.h"
+#include "frugal/train/trainer.h"
+
+namespace frugal {
+namespace cli {
+
+int bench_train(int argc, char** argv) {
+  std::string recipe_path = std::string(FRUGAL_SOURCE_DIR) + "/recipes/default.yaml", json_out = "-";
+  int64_t steps = 8;
+  std::vector<std::string> overrides;
+  Args args("bench train",
+            "Runs a few steps of a recipe (default: recipes/default.yaml) with its memory techniques on, then with\n"
+            "every technique off, and reports tokens/s, achieved model GFLOP/s against the matrix-product GFLOP/s\n"
+            "measured in the same run, and peak_bytes_all_on / peak_bytes_all_off.");
+  args.add_string("recipe", &recipe_path, "the recipe", "FILE");
+  args.add_int("steps", &steps, "steps per configuration (the first one is not timed)", 2);
+  args.add_rest(&overrides, "section.key=value");
+  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  if (!args.parse(argc, argv, 3)) return 0;
+  char tmp[] = "/tmp/frugal-bench-train-XXXXXX";
+  if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
+  overrides.push_back("train.steps=" + std::to_string(steps));
+  overrides.push_back("schedule.warmup_steps=1");
+  overrides.push_back("train.checkpoint_interval=0");
+  overrides.push_back("train.eval_interval=0");
+  overrides.push_back("train.log_interval=1000000");
+  overrides.push_back(std::string("train.out_dir=") + tmp);
+  train::Recipe on;
+  try {
+    on = train::load_recipe(recipe_path, overrides);
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
+  }
+  const train::Recipe off = train::without_techniques(on);
+  auto log = [](const std::string& line) { std::cerr << "frugal bench train: " << line << "\n"; };
+  log("all techniques on: checkpointing " + on.checkpointing + ", chunked loss " + (on.chunked_loss ? "on" : "off") +
+      ", optimizer " + (on.in_backward ? "inside backward" : "after backward"));
+  const auto r_on = train::run_training(on, train::TrainOptions().sample(false), log);
+  log("all techniques off");
+  const auto r_off = train::run_training(off, train::TrainOptions().sample(false), log);
+  const double matmul = train::measure_matmul_gflops(1024, 0.5);
+  const auto& c = on.model;
+  const double flops_per_token = 6.0 * static_cast<double>(r_on.n_params) +
+                                 12.0 * static_cast<double>(c.n_layers * c.dim * on.seq_len);
+  const double achieved = flops_per_token * r_on.tokens_per_s / 1e9;
+  const double ratio = static_cast<double>(r_on.peak.peak_bytes) / static_cast<double>(r_off.peak.peak_bytes);
+  std::ostringstream json;
+  io::JsonWriter w(json);
+  w.begin_object().key("benchmark").value("train").key("recipe").value(on.name).key("steps").value(steps);
+  w.key("n_params").value(r_on.n_params);
+  w.key("tokens_per_s").value(r_on.tokens_per_s);
+  w.key("tokens_per_s_all_off").value(r_off.tokens_per_s);
+  w.key("model_flops_per_token").value(flops_per_token);
+  w.key("achieved_gflops").value(achieved);
+  w.key("matmul_gflops").value(matmul);
+  w.key("achieved_over_matmul").value(achieved / matmul);
+  w.key("peak_bytes_all_on").value(r_on.peak.peak_bytes);
+  w.key("peak_bytes_all_off").value(r_off.peak.peak_bytes);
+  w.key("peak_ratio").value(ratio);
+  w.key("estimated_peak_all_on").value(r_on.estimate.peak_bytes);
+  w.key("estimated_peak_all_off").value(r_off.estimate.peak_bytes);
+  w.end_object();
+  std::fprintf(stderr, "tokens/s %.0f (all off %.0f); achieved %.1f GFLOP/s vs matmul %.1f GFLOP/s; peak %s on vs %s off (ratio %.3f)\n",
+               r_on.tokens_per_s, r_off.tokens_per_s, achieved, matmul, io::human_bytes(r_on.peak.peak_bytes).c_str(),
+               io::human_bytes(r_off.peak.peak_bytes).c_str(), ratio);
+  write_output(json_out, json.str());
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace frugal
