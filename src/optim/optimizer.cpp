@@ -72,6 +72,8 @@ struct Optimizer::Impl {
     h.beta1 = options.beta1();
     h.beta2 = options.beta2();
     h.eps = options.eps();
+    h.state = options.state();
+    h.stochastic_rounding = options.stochastic_rounding();
     return h;
   }
 
@@ -289,13 +291,16 @@ TensorDict Optimizer::state_dict() const {
     out[p.name + ".step"] = at::scalar_tensor(p.state.step, at::kLong);
     if (p.state.exp_avg.defined()) out[p.name + ".exp_avg"] = p.state.exp_avg;
     if (p.state.exp_avg_sq.defined()) out[p.name + ".exp_avg_sq"] = p.state.exp_avg_sq;
+    if (p.state.m) p.state.m->save(out, p.name + ".exp_avg");
+    if (p.state.v) p.state.v->save(out, p.name + ".exp_avg_sq");
     if (p.state.momentum_buffer.defined()) out[p.name + ".momentum_buffer"] = p.state.momentum_buffer;
   }
   return out;
 }
 
 void Optimizer::load_state_dict(const TensorDict& state) {
-  static const char* kFields[] = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"};
+  static const char* kFields[] = {"step",           "exp_avg",           "exp_avg_sq",           "momentum_buffer",
+                                  "exp_avg.codes",  "exp_avg.absmax",    "exp_avg_sq.codes",     "exp_avg_sq.absmax"};
   std::map<std::string, Impl::Param*> by_name;
   for (auto& p : impl_->params) by_name[p.name] = &p;
   std::vector<std::string> unknown, bad_shape, missing;
@@ -309,7 +314,8 @@ void Optimizer::load_state_dict(const TensorDict& state) {
         auto it = by_name.find(name);
         if (it == by_name.end()) break;
         matched = true;
-        if (std::string(field) != "step" && !tensor.sizes().equals(it->second->tensor.sizes())) {
+        const std::string f(field);
+        if (f != "step" && f.find('.') == std::string::npos && !tensor.sizes().equals(it->second->tensor.sizes())) {
           std::ostringstream m;
           m << key << " " << tensor.sizes() << " vs parameter " << it->second->tensor.sizes();
           bad_shape.push_back(m.str());
@@ -323,7 +329,8 @@ void Optimizer::load_state_dict(const TensorDict& state) {
   const bool adam = impl_->options.algorithm() != Algorithm::sgd;
   for (const auto& [name, fields] : parsed) {
     if (!fields.count("step")) missing.push_back(name + ".step");
-    if (adam && (!fields.count("exp_avg") || !fields.count("exp_avg_sq"))) missing.push_back(name + ".exp_avg/exp_avg_sq");
+    auto has = [&](const std::string& m) { return fields.count(m) || (fields.count(m + ".codes") && fields.count(m + ".absmax")); };
+    if (adam && (!has("exp_avg") || !has("exp_avg_sq"))) missing.push_back(name + ".exp_avg/exp_avg_sq");
   }
   if (!state.empty()) {
     for (const auto& p : impl_->params) {
@@ -354,8 +361,33 @@ void Optimizer::load_state_dict(const TensorDict& state) {
     const auto& f = it->second;
     const auto opts = p.tensor.options();
     p.state.step = f.at("step").item<int64_t>();
-    if (f.count("exp_avg")) p.state.exp_avg = f.at("exp_avg").to(opts, /*non_blocking=*/false, /*copy=*/true);
-    if (f.count("exp_avg_sq")) p.state.exp_avg_sq = f.at("exp_avg_sq").to(opts, false, true);
+    const Hyper h = impl_->hyper(p.group);
+    if (adam && h.buffered(p.tensor)) {
+      std::map<std::string, at::Tensor> moments;
+      for (const auto& [k, t] : f) moments[k] = t;
+      p.state.m = std::make_shared<StateBuffer>(p.tensor, true, h.state);
+      p.state.v = std::make_shared<StateBuffer>(p.tensor, false, h.state);
+      try {
+        p.state.m->restore(moments, "exp_avg");
+        p.state.v->restore(moments, "exp_avg_sq");
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("optimizer: parameter '" + p.name + "': " + e.what());
+      }
+      continue;
+    }
+    auto dense = [&](const std::string& m) {
+      if (f.count(m)) return f.at(m).to(opts, /*non_blocking=*/false, /*copy=*/true);
+      // codes and scales from a quantized optimizer: decode them
+      std::map<std::string, at::Tensor> moments;
+      for (const auto& [k, t] : f) moments[k] = t;
+      StateBuffer decoded(p.tensor, m == "exp_avg", StateOptions().precision(StatePrecision::fp32));
+      decoded.restore(moments, m);
+      return decoded.load(0, p.tensor.numel(), p.tensor.device()).view(p.tensor.sizes()).to(opts, false, true);
+    };
+    if (adam) {
+      p.state.exp_avg = dense("exp_avg");
+      p.state.exp_avg_sq = dense("exp_avg_sq");
+    }
     if (f.count("momentum_buffer")) p.state.momentum_buffer = f.at("momentum_buffer").to(opts, false, true);
   }
 }
@@ -366,6 +398,7 @@ int64_t Optimizer::state_bytes() const {
     for (const at::Tensor* t : {&p.state.exp_avg, &p.state.exp_avg_sq, &p.state.momentum_buffer}) {
       if (t->defined()) total += t->numel() * static_cast<int64_t>(t->element_size());
     }
+    if (p.state.m) total += p.state.m->bytes() + p.state.v->bytes();
   }
   return total;
 }

@@ -14,6 +14,54 @@ const char* algorithm_name(Algorithm a) {
   return "adamw";
 }
 
+at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Generator>& gen) {
+  // bf16 is the top 16 bits of fp32: add a uniform 16-bit integer to the bit pattern and drop the
+  // low 16 bits; values round up with probability equal to their distance from the lower one.
+  const at::Tensor bits = x.to(at::kFloat).contiguous().view(at::kInt);
+  const at::Tensor noise = at::randint(0, 1 << 16, x.sizes(), gen, at::TensorOptions().dtype(at::kInt).device(x.device()));
+  const at::Tensor rounded = (bits + noise).bitwise_and(static_cast<int32_t>(0xFFFF0000u));
+  const at::Tensor finite = at::isfinite(x);
+  return at::where(finite, rounded.view(at::kFloat), x.to(at::kFloat)).to(at::kBFloat16);
+}
+
+namespace {
+
+// Adam(W) over chunks of blocks: load each chunk of the moments as fp32, update, store back.
+void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, const at::Tensor& grad) {
+  if (!state.m) {
+    state.m = std::make_shared<StateBuffer>(param, /*is_signed=*/true, h.state);
+    state.v = std::make_shared<StateBuffer>(param, /*is_signed=*/false, h.state);
+  }
+  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(state.step));
+  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(state.step));
+  const int64_t n = param.numel(), chunk = state.m->chunk();
+  TORCH_CHECK(param.is_contiguous(), "optimizer: parameters must be contiguous");
+  at::Tensor p_flat = param.view({-1});
+  const at::Tensor g_flat = grad.reshape({-1});
+  const bool fp32_param = param.scalar_type() == at::kFloat;
+  for (int64_t b = 0; b < n; b += chunk) {
+    const int64_t e = std::min(n, b + chunk);
+    at::Tensor p_view = p_flat.narrow(0, b, e - b);
+    at::Tensor p = fp32_param ? p_view : p_view.to(at::kFloat);  // (e - b)
+    at::Tensor g = g_flat.narrow(0, b, e - b).to(at::kFloat);
+    if (h.algorithm == Algorithm::adamw) {
+      if (h.weight_decay != 0) p.mul_(1 - h.lr * h.weight_decay);
+    } else if (h.weight_decay != 0) {
+      g = g.add(p, h.weight_decay);
+    }
+    at::Tensor m = state.m->load(b, e, param.device()), v = state.v->load(b, e, param.device());
+    m.mul_(h.beta1).add_(g, 1 - h.beta1);
+    v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
+    const at::Tensor denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(h.eps);
+    p.addcdiv_(m, denom, -h.lr / bias_correction1);
+    state.m->store(b, e, m);
+    state.v->store(b, e, v);
+    if (!fp32_param) p_view.copy_(h.stochastic_rounding && param.scalar_type() == at::kBFloat16 ? stochastic_round_bf16(p) : p.to(param.scalar_type()));
+  }
+}
+
+}  // namespace
+
 void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at::Tensor& grad) {
   at::NoGradGuard no_grad;
   state.step += 1;
@@ -28,6 +76,10 @@ void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at
       d_p = h.nesterov ? d_p.add(state.momentum_buffer, h.momentum) : state.momentum_buffer;
     }
     param.add_(d_p, -h.lr);
+    return;
+  }
+  if (h.buffered(param)) {
+    apply_buffered_adam(h, state, param, grad);
     return;
   }
   // Adam and AdamW

@@ -122,8 +122,14 @@ PreparedData prepare_data(const Recipe& r, const std::function<void(const std::s
     const int64_t vocab = r.model.vocab_size > 0 ? r.model.vocab_size : 4096;
     log("training a " + std::to_string(vocab) + "-piece tokenizer into " + p.tokenizer_path);
     make_parent(p.tokenizer_path);
-    data::train_tokenizer(corpus(), p.tokenizer_path.substr(0, p.tokenizer_path.size() - suffix.size()),
-                          data::TokenizerTrainOptions().vocab_size(vocab));
+    // Trained under a temporary name and renamed, so a concurrent run never reads half a file.
+    const std::string prefix = p.tokenizer_path.substr(0, p.tokenizer_path.size() - suffix.size());
+    const std::string tmp_prefix = prefix + ".tmp-" + std::to_string(::getpid());
+    data::train_tokenizer(corpus(), tmp_prefix, data::TokenizerTrainOptions().vocab_size(vocab));
+    std::rename((tmp_prefix + ".vocab").c_str(), (prefix + ".vocab").c_str());
+    if (std::rename((tmp_prefix + ".model").c_str(), p.tokenizer_path.c_str()) != 0) {
+      throw std::runtime_error("cannot move the trained tokenizer to " + p.tokenizer_path);
+    }
   }
   const data::Tokenizer tok = data::Tokenizer::load(p.tokenizer_path);
   p.vocab_size = tok.vocab_size();

@@ -60,6 +60,11 @@ struct OptimizerOptions {
   TORCH_ARG(Clip, clip) = Clip::none;
   TORCH_ARG(double, max_grad_norm) = 1.0;
   TORCH_ARG(int64_t, accumulation_steps) = 1;
+  // Adam(W) state precision and place (state_buffer.h): fp32, bf16, 8-bit, 4-bit; on the
+  // parameters' device, in host memory, or in memory-mapped files.
+  TORCH_ARG(StateOptions, state) = {};
+  // bf16 parameters updated with stochastic rounding.
+  TORCH_ARG(bool, stochastic_rounding) = false;
 };
 
 // Parameters sharing a learning rate and weight decay (unset: the optimizer's).
@@ -71,7 +76,8 @@ struct ParamGroup {
 };
 
 // Optimizer state by parameter name: "<name>.step", "<name>.exp_avg", "<name>.exp_avg_sq",
-// "<name>.momentum_buffer".
+// "<name>.momentum_buffer"; quantized moments as "<name>.exp_avg.codes" and "<name>.exp_avg.absmax"
+// (likewise exp_avg_sq). Either form loads into an optimizer of any state precision.
 using TensorDict = std::map<std::string, at::Tensor>;
 
 class Optimizer {

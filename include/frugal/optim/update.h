@@ -9,6 +9,10 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+
+#include "frugal/optim/state_buffer.h"
+
 namespace frugal {
 namespace optim {
 
@@ -24,6 +28,17 @@ struct Hyper {
   double dampening = 0;     // sgd
   bool nesterov = false;    // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
+  // Adam(W) moments in another precision or place (see state_buffer.h); fp32 on the parameter's
+  // device uses the plain tensors below.
+  StateOptions state;
+  // bf16 parameters: compute the update in fp32 and round to bf16 stochastically, so updates
+  // smaller than bf16's resolution still move the parameter on average.
+  bool stochastic_rounding = false;
+
+  bool buffered(const at::Tensor& param) const {
+    return state.precision() != StatePrecision::fp32 || state.placement() != StatePlacement::device ||
+           (stochastic_rounding && param.scalar_type() == at::kBFloat16);
+  }
 };
 
 struct ParamState {
@@ -31,7 +46,11 @@ struct ParamState {
   at::Tensor exp_avg;          // adam(w): first moment
   at::Tensor exp_avg_sq;       // adam(w): second moment
   at::Tensor momentum_buffer;  // sgd with momentum
+  std::shared_ptr<StateBuffer> m, v;  // adam(w) moments when Hyper::buffered()
 };
+
+// x (fp32) rounded to bf16 stochastically: up or down with probability given by the distance.
+at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Generator>& gen = c10::nullopt);
 
 // param -= update(grad); creates the state tensors on the first call. grad is not modified.
 void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at::Tensor& grad);

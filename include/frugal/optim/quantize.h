@@ -1,0 +1,57 @@
+// frugal/optim/quantize.h — blockwise quantization of optimizer state with dynamic code maps.
+//
+// A block of `block` values is scaled by its largest magnitude (one fp32 absmax per block) into
+// [-1, 1] (signed, first moments) or [0, 1] (unsigned, second moments) and each value becomes the
+// index of the nearest entry of a non-linear code map: dense near zero, sparse near one, in the
+// spirit of Dettmers et al.'s dynamic quantization. 8-bit codes take a byte each; 4-bit codes
+// are packed two to a byte. All work is ATen operations over whole ranges of blocks.
+//
+//   auto map = frugal::optim::dynamic_code_map(/*is_signed=*/true, /*bits=*/8);
+//   frugal::optim::QuantizedBuffer q(x.numel(), 8, 256, true);
+//   q.store(0, x.numel(), x.flatten());              // quantize
+//   at::Tensor back = q.load(0, x.numel());          // dequantize (fp32)
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace frugal {
+namespace optim {
+
+// 2^bits values, sorted ascending, fp32: signed maps span [-1, 1] and hold 0; unsigned span [0, 1].
+at::Tensor dynamic_code_map(bool is_signed, int bits);
+
+class QuantizedBuffer {
+ public:
+  QuantizedBuffer() = default;
+  // numel values in blocks of `block` (the last may be short), bits 8 or 4; zeros.
+  QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is_signed, at::Device device = at::kCPU);
+
+  // Values [begin, end) as fp32 on the buffer's device; begin must be a multiple of the block.
+  at::Tensor load(int64_t begin, int64_t end) const;
+  // Quantizes values (fp32, end - begin of them) into [begin, end); begin block-aligned.
+  void store(int64_t begin, int64_t end, const at::Tensor& values);
+
+  int64_t numel() const { return numel_; }
+  int bits() const { return bits_; }
+  int64_t block() const { return block_; }
+  bool is_signed() const { return signed_; }
+  int64_t bytes() const;  // codes + scales
+  const at::Tensor& codes() const { return codes_; }    // uint8: one per value (8-bit) or per two (4-bit)
+  const at::Tensor& absmax() const { return absmax_; }  // fp32, one per block
+  // Replaces codes and scales (a saved state); checks their sizes.
+  void assign(const at::Tensor& codes, const at::Tensor& absmax);
+  // Keeps the codes in `storage` (uint8, as many bytes as codes()) from now on, e.g. a mapped file.
+  void move_codes_to(at::Tensor storage);
+
+ private:
+  int64_t numel_ = 0, block_ = 256;
+  int bits_ = 8;
+  bool signed_ = true;
+  at::Tensor map_, boundaries_;  // the code map and the midpoints between its entries
+  at::Tensor codes_, absmax_;
+};
+
+}  // namespace optim
+}  // namespace frugal

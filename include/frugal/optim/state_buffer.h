@@ -1,0 +1,83 @@
+// frugal/optim/state_buffer.h — one optimizer-state tensor in a chosen precision and place.
+//
+// Precision: fp32, bf16, 8-bit (blocks of 256) or 4-bit (blocks of 128) with one fp32 absmax per
+// block (quantize.h). Place: on the parameter's device, in host memory (streamed to the device a
+// chunk at a time during the step), or in a memory-mapped file that the operating system pages.
+// The step reads and writes a chunk of blocks at a time, so no full fp32 copy of the state exists.
+// Tensors with fewer than min_quantized_numel elements keep fp32 state.
+//
+//   frugal::optim::StateBuffer m(param, /*is_signed=*/true, frugal::optim::StateOptions().precision(
+//       frugal::optim::StatePrecision::int8));
+//   at::Tensor chunk = m.load(0, 65536, param.device());   // fp32
+//   ...; m.store(0, 65536, chunk);
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "frugal/optim/quantize.h"
+
+namespace frugal {
+namespace optim {
+
+enum class StatePrecision { fp32, bf16, int8, int4 };
+enum class StatePlacement { device, host, mmap };
+
+const char* precision_name(StatePrecision p);
+std::optional<StatePrecision> parse_precision(const std::string& s);
+const char* placement_name(StatePlacement p);
+std::optional<StatePlacement> parse_placement(const std::string& s);
+
+struct StateOptions {
+  TORCH_ARG(StatePrecision, precision) = StatePrecision::fp32;
+  TORCH_ARG(StatePlacement, placement) = StatePlacement::device;
+  TORCH_ARG(std::string, mmap_dir) = "/tmp";         // where mmap placement creates its files
+  TORCH_ARG(int64_t, min_quantized_numel) = 4096;    // smaller tensors keep fp32 state
+  TORCH_ARG(int64_t, chunk_elements) = 1 << 20;      // elements per step of the streamed update
+};
+
+class StateBuffer {
+ public:
+  // Zeros shaped like param.
+  StateBuffer(const at::Tensor& param, bool is_signed, const StateOptions& options);
+  ~StateBuffer();
+  StateBuffer(const StateBuffer&) = delete;
+  StateBuffer& operator=(const StateBuffer&) = delete;
+
+  int64_t numel() const { return numel_; }
+  StatePrecision precision() const { return precision_; }
+  // Elements per chunk of the update (a multiple of the block).
+  int64_t chunk() const { return chunk_; }
+  // Values [begin, end) as fp32 on `device`. For fp32 state on that device this is a view: writes
+  // to it change the state, and store() of it is free.
+  at::Tensor load(int64_t begin, int64_t end, at::Device device) const;
+  void store(int64_t begin, int64_t end, const at::Tensor& values);
+  int64_t bytes() const;
+
+  // Saved as "<prefix>" (fp32/bf16, the parameter's shape) or "<prefix>.codes" + "<prefix>.absmax".
+  void save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const;
+  // Loads either form (a full tensor is quantized; codes and scales are dequantized when this
+  // buffer is not quantized). Throws std::invalid_argument naming the prefix on a mismatch.
+  void restore(const std::map<std::string, at::Tensor>& in, const std::string& prefix);
+
+ private:
+  at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device);
+  int64_t numel_ = 0, chunk_ = 0;
+  std::vector<int64_t> shape_;
+  StatePrecision precision_;
+  StatePlacement placement_;
+  bool signed_;
+  at::Device device_ = at::kCPU;     // where the state lives
+  at::Tensor dense_;                 // fp32 or bf16 state
+  std::unique_ptr<QuantizedBuffer> quantized_;
+  std::vector<std::pair<void*, size_t>> maps_;  // mmap placement
+  std::string mmap_dir_;
+};
+
+}  // namespace optim
+}  // namespace frugal

@@ -1,0 +1,167 @@
+#include "frugal/optim/state_buffer.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace frugal {
+namespace optim {
+
+const char* precision_name(StatePrecision p) {
+  switch (p) {
+    case StatePrecision::fp32: return "fp32";
+    case StatePrecision::bf16: return "bf16";
+    case StatePrecision::int8: return "int8";
+    case StatePrecision::int4: return "int4";
+  }
+  return "fp32";
+}
+
+std::optional<StatePrecision> parse_precision(const std::string& s) {
+  for (auto p : {StatePrecision::fp32, StatePrecision::bf16, StatePrecision::int8, StatePrecision::int4}) {
+    if (s == precision_name(p)) return p;
+  }
+  return std::nullopt;
+}
+
+const char* placement_name(StatePlacement p) {
+  switch (p) {
+    case StatePlacement::device: return "device";
+    case StatePlacement::host: return "host";
+    case StatePlacement::mmap: return "mmap";
+  }
+  return "device";
+}
+
+std::optional<StatePlacement> parse_placement(const std::string& s) {
+  for (auto p : {StatePlacement::device, StatePlacement::host, StatePlacement::mmap}) {
+    if (s == placement_name(p)) return p;
+  }
+  return std::nullopt;
+}
+
+StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOptions& o)
+    : numel_(param.numel()), shape_(param.sizes().vec()), precision_(o.precision()), placement_(o.placement()),
+      signed_(is_signed), mmap_dir_(o.mmap_dir()) {
+  if (numel_ < o.min_quantized_numel() && (precision_ == StatePrecision::int8 || precision_ == StatePrecision::int4)) {
+    precision_ = StatePrecision::fp32;  // small tensors: scales would cost more than they save
+  }
+  device_ = placement_ == StatePlacement::device ? param.device() : at::Device(at::kCPU);
+  const int64_t block = precision_ == StatePrecision::int4 ? 128 : 256;
+  chunk_ = std::max<int64_t>(block, o.chunk_elements() / block * block);
+  switch (precision_) {
+    case StatePrecision::fp32: dense_ = allocate(numel_, at::kFloat, device_); break;
+    case StatePrecision::bf16: dense_ = allocate(numel_, at::kBFloat16, device_); break;
+    case StatePrecision::int8:
+    case StatePrecision::int4: {
+      const int bits = precision_ == StatePrecision::int8 ? 8 : 4;
+      quantized_ = std::make_unique<QuantizedBuffer>(numel_, bits, block, is_signed, device_);
+      if (placement_ == StatePlacement::mmap) {
+        quantized_->move_codes_to(allocate(quantized_->codes().numel(), at::kByte, device_));  // codes in the file
+      }
+      break;
+    }
+  }
+}
+
+StateBuffer::~StateBuffer() {
+  dense_ = at::Tensor();
+  quantized_.reset();
+  for (auto& [p, n] : maps_) ::munmap(p, n);
+}
+
+at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device device) {
+  if (placement_ != StatePlacement::mmap) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+  // A file the kernel pages in and out: unlinked at once, so it vanishes with the mapping.
+  std::string path = mmap_dir_ + "/frugal-state-XXXXXX";
+  const int fd = ::mkstemp(&path[0]);
+  if (fd < 0) throw std::runtime_error("optimizer state: cannot create a file in " + mmap_dir_ + ": " + std::strerror(errno));
+  ::unlink(path.c_str());
+  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(dtype));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    ::close(fd);
+    throw std::runtime_error("optimizer state: cannot size a file in " + mmap_dir_);
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw std::runtime_error("optimizer state: cannot map a file in " + mmap_dir_);
+  maps_.emplace_back(p, bytes);
+  return at::from_blob(p, {numel}, at::TensorOptions().dtype(dtype));  // zeros: a fresh file reads as zeros
+}
+
+at::Tensor StateBuffer::load(int64_t begin, int64_t end, at::Device device) const {
+  at::Tensor v;
+  if (quantized_) {
+    v = quantized_->load(begin, end);
+  } else {
+    v = dense_.narrow(0, begin, end - begin);
+    if (v.scalar_type() != at::kFloat) v = v.to(at::kFloat);
+  }
+  return v.device() == device ? v : v.to(device, /*non_blocking=*/false);
+}
+
+void StateBuffer::store(int64_t begin, int64_t end, const at::Tensor& values) {
+  if (quantized_) {
+    quantized_->store(begin, end, values.to(device_));
+    return;
+  }
+  at::Tensor dst = dense_.narrow(0, begin, end - begin);
+  if (values.is_same(dst) || (values.data_ptr() == dst.data_ptr() && values.scalar_type() == dst.scalar_type())) return;
+  dst.copy_(values);
+}
+
+int64_t StateBuffer::bytes() const {
+  if (quantized_) return quantized_->bytes();
+  return dense_.numel() * static_cast<int64_t>(dense_.element_size());
+}
+
+void StateBuffer::save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const {
+  if (quantized_) {
+    out[prefix + ".codes"] = quantized_->codes().to(at::kCPU);
+    out[prefix + ".absmax"] = quantized_->absmax().to(at::kCPU);
+  } else {
+    out[prefix] = dense_.view(shape_).to(at::kCPU);
+  }
+}
+
+void StateBuffer::restore(const std::map<std::string, at::Tensor>& in, const std::string& prefix) {
+  const auto full = in.find(prefix);
+  const auto codes = in.find(prefix + ".codes");
+  const auto absmax = in.find(prefix + ".absmax");
+  if (full != in.end()) {
+    if (full->second.numel() != numel_) throw std::invalid_argument("optimizer state " + prefix + " has the wrong size");
+    const at::Tensor v = full->second.reshape({-1}).to(at::kFloat);
+    for (int64_t b = 0; b < numel_; b += chunk_) store(b, std::min(numel_, b + chunk_), v.narrow(0, b, std::min(numel_, b + chunk_) - b));
+    return;
+  }
+  if (codes == in.end() || absmax == in.end()) throw std::invalid_argument("optimizer state " + prefix + " is missing");
+  const at::Tensor c = codes->second, a = absmax->second;
+  if (quantized_ && c.numel() == quantized_->codes().numel() && a.numel() == quantized_->absmax().numel()) {
+    quantized_->assign(c.to(device_), a.to(device_));  // the same format: exactly as saved
+    return;
+  }
+  // Another format: decode with the geometry the codes imply, then store in ours.
+  const int64_t blocks = a.numel();
+  int bits = 0;
+  int64_t block = 0;
+  for (auto [b, bl] : {std::make_pair(8, int64_t{256}), std::make_pair(4, int64_t{128})}) {
+    const int64_t expect_blocks = (numel_ + bl - 1) / bl;
+    const int64_t expect_codes = b == 8 ? expect_blocks * bl : expect_blocks * bl / 2;
+    if (blocks == expect_blocks && c.numel() == expect_codes) {
+      bits = b;
+      block = bl;
+    }
+  }
+  if (!bits) throw std::invalid_argument("optimizer state " + prefix + " has codes and scales of the wrong size");
+  QuantizedBuffer other(numel_, bits, block, signed_);
+  other.assign(c.to(at::kCPU), a.to(at::kCPU));
+  const at::Tensor v = other.load(0, numel_);
+  for (int64_t b = 0; b < numel_; b += chunk_) store(b, std::min(numel_, b + chunk_), v.narrow(0, b, std::min(numel_, b + chunk_) - b));
+}
+
+}  // namespace optim
+}  // namespace frugal

@@ -1,0 +1,248 @@
+// Low-memory optimizer state: code maps, blockwise round-trip error, bytes per parameter, state kept
+// in memory-mapped files or host memory equal to in-memory state, state dicts across precisions,
+// stochastic rounding, and training quality close to fp32 state.
+#include <gtest/gtest.h>
+
+#include "frugal/checkpoint/policy.h"
+#include "frugal/memory/tracker.h"
+#include "frugal/models/transformer_block.h"
+#include "frugal/optim/optimizer.h"
+#include "frugal/optim/quantize.h"
+#include "frugal/optim/state_buffer.h"
+
+#include <torch/nn/modules/container/modulelist.h>
+
+using namespace frugal;
+using namespace frugal::optim;
+
+namespace {
+
+// Mostly large tensors: three Linear layers (plus small biases).
+struct Mlp : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+  explicit Mlp(uint64_t seed, int64_t d = 128) {
+    torch::manual_seed(seed);
+    a = register_module("a", torch::nn::Linear(d, 2 * d));
+    b = register_module("b", torch::nn::Linear(2 * d, 2 * d));
+    c = register_module("c", torch::nn::Linear(2 * d, d));
+  }
+  at::Tensor loss(const at::Tensor& x) { return (c(at::gelu(b(at::gelu(a(x))))) - x.flip(1)).pow(2).mean(); }
+};
+
+std::vector<at::Tensor> data(int n) {
+  torch::manual_seed(99);
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < n; ++i) out.push_back(at::randn({32, 128}));
+  return out;
+}
+
+double train(Mlp& m, Optimizer& opt, const std::vector<at::Tensor>& xs) {
+  double last = 0;
+  for (const auto& x : xs) {
+    at::Tensor loss = m.loss(x);
+    last = loss.item<double>();
+    opt.backward(loss);
+    opt.step();
+    opt.zero_grad();
+  }
+  return last;
+}
+
+double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
+  double d = 0;
+  auto pa = a.parameters(), pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) d = std::max(d, (pa[i] - pb[i]).abs().max().item<double>());
+  return d;
+}
+
+OptimizerOptions adamw(StatePrecision p, StatePlacement where = StatePlacement::device) {
+  return OptimizerOptions().lr(3e-3).weight_decay(0.01).state(StateOptions().precision(p).placement(where));
+}
+
+}  // namespace
+
+TEST(CodeMap, PropertiesOfTheDynamicMaps) {
+  for (int bits : {8, 4}) {
+    for (bool is_signed : {true, false}) {
+      SCOPED_TRACE(std::to_string(bits) + (is_signed ? " signed" : " unsigned"));
+      const at::Tensor map = dynamic_code_map(is_signed, bits);
+      ASSERT_EQ(map.numel(), 1 << bits);
+      EXPECT_TRUE(at::equal(map, std::get<0>(map.sort())));                        // sorted
+      EXPECT_EQ(std::get<1>(at::unique_consecutive(map, false, true)).numel(), 0);  // no repeats
+      EXPECT_FLOAT_EQ(map.max().item<float>(), 1.0f);
+      if (is_signed) {
+        EXPECT_FLOAT_EQ(map.min().item<float>(), -1.0f);
+        EXPECT_EQ((map == 0).sum().item<int64_t>(), 1);
+      } else {
+        EXPECT_GT(map.min().item<float>(), 0.0f);  // a second moment never rounds to zero
+        EXPECT_LT(map.min().item<float>(), bits == 8 ? 1e-6f : 1e-2f);
+      }
+      // Denser near zero: the gaps grow with the magnitude.
+      const at::Tensor pos = map.masked_select(map > 0);
+      const at::Tensor gaps = pos.narrow(0, 1, pos.numel() - 1) - pos.narrow(0, 0, pos.numel() - 1);
+      EXPECT_LT(gaps[0].item<float>(), gaps[-1].item<float>());
+    }
+  }
+}
+
+TEST(CodeMap, BlockRoundTripErrorIsBoundedByTheMapsGaps) {
+  torch::manual_seed(0);
+  for (int bits : {8, 4}) {
+    for (bool is_signed : {true, false}) {
+      SCOPED_TRACE(std::to_string(bits) + (is_signed ? " signed" : " unsigned"));
+      const int64_t block = bits == 8 ? 256 : 128, n = 10 * block + 37;  // a short last block too
+      at::Tensor x = at::randn({n}) * at::exp(at::randn({n}));            // heavy-tailed, like moments
+      if (!is_signed) x = x.pow(2);
+      QuantizedBuffer q(n, bits, block, is_signed);
+      q.store(0, n, x);
+      const at::Tensor back = q.load(0, n);
+      const at::Tensor map = dynamic_code_map(is_signed, bits);
+      const double max_gap = (map.narrow(0, 1, map.numel() - 1) - map.narrow(0, 0, map.numel() - 1)).max().item<double>();
+      const at::Tensor padded = at::cat({x, at::zeros({(n + block - 1) / block * block - n})});
+      const at::Tensor absmax = std::get<0>(padded.view({-1, block}).abs().max(1));
+      const at::Tensor err = (back - x).abs() / absmax.repeat_interleave(block).narrow(0, 0, n);
+      EXPECT_LE(err.max().item<double>(), max_gap / 2 + 1e-6);
+      EXPECT_TRUE(at::allclose(absmax, q.absmax()));
+      EXPECT_EQ(q.bytes(), (bits == 8 ? 11 * block : 11 * block / 2) + 11 * 4);
+    }
+  }
+}
+
+TEST(OptimizerState, BytesPerParameterByPrecision) {
+  const std::vector<std::pair<StatePrecision, double>> limits = {
+      {StatePrecision::fp32, 8.0}, {StatePrecision::bf16, 4.0}, {StatePrecision::int8, 2.05}, {StatePrecision::int4, 1.1}};
+  for (const auto& [precision, limit] : limits) {
+    SCOPED_TRACE(precision_name(precision));
+    Mlp m(1, 256);
+    int64_t n = 0;
+    for (const auto& p : m.parameters()) n += p.numel();
+    auto tracker = memory::Tracker::create();
+    memory::TrackingGuard on(tracker);
+    Optimizer opt(m.named_parameters(), adamw(precision));
+    train(m, opt, {at::randn({8, 256})});
+    const double by_tensors = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
+    const double by_tracker =
+        static_cast<double>(tracker->live_by_category()[static_cast<int>(memory::Category::optimizer_state)]) / static_cast<double>(n);
+    EXPECT_LE(by_tensors, limit + 1e-9);
+    EXPECT_GE(by_tensors, limit * 0.9);  // small tensors keep fp32, but the bulk is quantized
+    EXPECT_NEAR(by_tracker, by_tensors, 0.01);
+  }
+}
+
+TEST(OptimizerState, MmapAndHostStateEqualInMemoryState) {
+  const auto xs = data(20);
+  for (StatePrecision p : {StatePrecision::fp32, StatePrecision::int8, StatePrecision::int4}) {
+    SCOPED_TRACE(precision_name(p));
+    Mlp ref(2), mapped(2), host(2);
+    Optimizer o_ref(ref.named_parameters(), adamw(p)), o_map(mapped.named_parameters(), adamw(p, StatePlacement::mmap)),
+        o_host(host.named_parameters(), adamw(p, StatePlacement::host));
+    train(ref, o_ref, xs);
+    train(mapped, o_map, xs);
+    train(host, o_host, xs);
+    EXPECT_LE(max_param_diff(ref, mapped), 1e-6);
+    EXPECT_LE(max_param_diff(ref, host), 1e-6);
+  }
+  // fp32 through the streamed path equals the plain fp32 update (and so torch::optim).
+  Mlp plain(3), streamed(3);
+  Optimizer o1(plain.named_parameters(), adamw(StatePrecision::fp32));
+  Optimizer o2(streamed.named_parameters(), adamw(StatePrecision::fp32, StatePlacement::mmap));
+  train(plain, o1, xs);
+  train(streamed, o2, xs);
+  EXPECT_LE(max_param_diff(plain, streamed), 1e-6);
+}
+
+TEST(OptimizerState, StateDictsRoundTripAcrossPrecisions) {
+  const auto xs = data(16);
+  const std::vector<at::Tensor> first(xs.begin(), xs.begin() + 8), second(xs.begin() + 8, xs.end());
+  // int8 -> int8: exact continuation.
+  Mlp straight(4), resumed(4);
+  Optimizer o_straight(straight.named_parameters(), adamw(StatePrecision::int8));
+  train(straight, o_straight, first);
+  TensorDict saved;
+  for (const auto& [k, v] : o_straight.state_dict()) saved[k] = v.clone();
+  EXPECT_TRUE(saved.count("a.weight.exp_avg.codes") && saved.count("a.weight.exp_avg_sq.absmax"));
+  EXPECT_TRUE(saved.count("a.bias.exp_avg"));  // small tensors keep fp32 state
+  {
+    at::NoGradGuard g;
+    auto src = straight.parameters(), dst = resumed.parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  Optimizer o_resumed(resumed.named_parameters(), adamw(StatePrecision::int8));
+  o_resumed.load_state_dict(saved);
+  const auto again = o_resumed.state_dict();
+  for (const auto& [k, v] : saved) EXPECT_TRUE(at::equal(again.at(k), v)) << k;  // codes and scales exactly
+  train(straight, o_straight, second);
+  train(resumed, o_resumed, second);
+  EXPECT_LE(max_param_diff(straight, resumed), 1e-6);
+
+  // fp32 state into an 8-bit optimizer is quantized; 8-bit state into an fp32 one is decoded.
+  Mlp f(5);
+  Optimizer o_fp32(f.named_parameters(), adamw(StatePrecision::fp32));
+  train(f, o_fp32, first);
+  Optimizer o_int8(f.named_parameters(), adamw(StatePrecision::int8));
+  o_int8.load_state_dict(o_fp32.state_dict());
+  const auto q = o_int8.state_dict();
+  const at::Tensor m32 = o_fp32.state_dict().at("b.weight.exp_avg");
+  Optimizer o_back(f.named_parameters(), adamw(StatePrecision::fp32));
+  o_back.load_state_dict(q);
+  const at::Tensor m_back = o_back.state_dict().at("b.weight.exp_avg");
+  EXPECT_LE((m_back - m32).abs().max().item<double>(), 0.01 * m32.abs().max().item<double>());
+  EXPECT_GT((m_back - m32).abs().max().item<double>(), 0.0);  // it really went through 8 bits
+}
+
+TEST(OptimizerState, StochasticRoundingMovesBf16ParametersBySmallUpdates) {
+  torch::manual_seed(7);
+  at::Tensor w_plain = at::ones({4096}, at::kBFloat16).requires_grad_();
+  at::Tensor w_sr = at::ones({4096}, at::kBFloat16).requires_grad_();
+  // SGD steps of 1e-4: below half of bf16's spacing at 1.0 (2^-8 = 0.0039).
+  auto opts = OptimizerOptions().algorithm(Algorithm::sgd).lr(1e-4);
+  ParamGroup g1{{"w"}, {w_plain}, std::nullopt, std::nullopt}, g2{{"w"}, {w_sr}, std::nullopt, std::nullopt};
+  Optimizer plain({g1}, opts);
+  Optimizer sr({g2}, OptimizerOptions(opts).algorithm(Algorithm::adamw).lr(1e-4).stochastic_rounding(true));
+  // AdamW's first steps move each weight by about lr; 20 steps -> about 2e-3 in expectation.
+  Optimizer rtn({ParamGroup{{"w"}, {w_plain}, std::nullopt, std::nullopt}}, OptimizerOptions().lr(1e-4));
+  for (int i = 0; i < 20; ++i) {
+    (w_plain.to(at::kFloat).sum()).backward();
+    rtn.step();
+    rtn.zero_grad();
+    (w_sr.to(at::kFloat).sum()).backward();
+    sr.step();
+    sr.zero_grad();
+  }
+  EXPECT_EQ(w_plain.to(at::kFloat).mean().item<double>(), 1.0);  // round-to-nearest: stuck
+  EXPECT_NEAR(w_sr.to(at::kFloat).mean().item<double>(), 1.0 - 20 * 1e-4, 3e-4);
+  const at::Tensor x = at::full({10000}, 1.0f + 0.25f * 0.0078125f);  // a quarter of the way to the next bf16
+  const double up = (stochastic_round_bf16(x).to(at::kFloat) > 1.0f).to(at::kFloat).mean().item<double>();
+  EXPECT_NEAR(up, 0.25, 0.03);
+}
+
+TEST(OptimizerState, TrainingQualityCloseToFp32) {
+  // A stack of Transformer blocks trained for 150 steps: 8-bit within 2%, 4-bit within 5%.
+  auto run = [](StatePrecision p) {
+    torch::manual_seed(11);
+    std::vector<models::PreLNBlock> blocks;
+    torch::nn::ModuleList list;
+    for (int i = 0; i < 2; ++i) {
+      blocks.emplace_back(64, 4);
+      list->push_back(blocks.back());
+    }
+    Optimizer opt(list->named_parameters(), adamw(p));
+    const auto chain = checkpoint::make_chain(blocks);
+    torch::manual_seed(12);
+    const at::Tensor target = at::randn({64, 64});
+    double last = 0;
+    for (int step = 0; step < 150; ++step) {
+      const at::Tensor x = at::randn({4, 16, 64});
+      at::Tensor loss = (checkpoint::run_chain(chain, x, checkpoint::CheckpointPolicy::none()) - x.matmul(target) * 0.1).pow(2).mean();
+      if (step >= 140) last += loss.item<double>() / 10;
+      opt.backward(loss);
+      opt.step();
+      opt.zero_grad();
+    }
+    return last;
+  };
+  const double fp32 = run(StatePrecision::fp32);
+  EXPECT_NEAR(run(StatePrecision::int8) / fp32, 1.0, 0.02);
+  EXPECT_NEAR(run(StatePrecision::int4) / fp32, 1.0, 0.05);
+  EXPECT_NEAR(run(StatePrecision::bf16) / fp32, 1.0, 0.02);
+}
