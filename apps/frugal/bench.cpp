@@ -1,5 +1,5 @@
 // frugal bench NAME — benchmarks that print memory and time against the plain version as ratios,
-// measured in one run. NAME: checkpoint, chunked-loss, optim-in-backward, train.
+// measured in one run. NAME: checkpoint, chunked-loss, optim-in-backward, train, optim-state.
 #include <iostream>
 #include <sstream>
 
@@ -23,6 +23,8 @@ const char* kBenchUsage =
     "               against the standard step (12 layers, d 512, batch 1, seq 64)\n"
     "  train        the default recipe with every memory technique on and off: tokens/s, achieved\n"
     "               GFLOP/s against matmul GFLOP/s, peak_bytes_all_on / peak_bytes_all_off\n"
+    "  optim-state  AdamW state in fp32, bf16, 8-bit, 4-bit: bytes per parameter, step time vs fp32,\n"
+    "               and with --steps N the default recipe's final loss per precision\n"
     "\n"
     "'frugal bench NAME --help' describes its flags.\n";
 
@@ -38,7 +40,8 @@ int run_bench(int argc, char** argv) {
   if (name == "chunked-loss") return bench_chunked_loss(argc, argv);
   if (name == "optim-in-backward") return bench_optim_in_backward(argc, argv);
   if (name == "train") return bench_train(argc, argv);
-  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train)");
+  if (name == "optim-state") return bench_optim_state(argc, argv);
+  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train, optim-state)");
 }
 
 }  // namespace cli

@@ -17,6 +17,7 @@ int bench_checkpoint(int argc, char** argv);
 int bench_chunked_loss(int argc, char** argv);
 int bench_optim_in_backward(int argc, char** argv);
 int bench_train(int argc, char** argv);
+int bench_optim_state(int argc, char** argv);
 
 // Writes text to path atomically, or to stdout when path is "-".
 void write_output(const std::string& path, const std::string& text);

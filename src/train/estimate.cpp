@@ -30,7 +30,17 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   MemoryEstimate est;
   est.n_params = c.param_count();
   const int64_t P = est.n_params * e;
-  const int64_t S = r.algorithm == "sgd" ? (r.momentum > 0 ? est.n_params * e : 0) : 2 * est.n_params * e;
+  // Adam(W) state per parameter: two moments in the state precision (parameter dtype for fp32 state
+  // of bf16 parameters, as torch's optimizers keep it); off the device when placed in host memory
+  // or files (the estimate is of the compute device's memory).
+  const double per_moment = r.state_precision == "int8"   ? 1.0 + 4.0 / 256
+                            : r.state_precision == "int4" ? 0.5 + 4.0 / 128
+                            : r.state_precision == "bf16" ? 2.0
+                                                          : static_cast<double>(e);
+  const bool state_on_device = r.state_placement == "device";
+  const int64_t S = r.algorithm == "sgd" ? (r.momentum > 0 ? est.n_params * e : 0)
+                    : state_on_device     ? static_cast<int64_t>(2.0 * per_moment * static_cast<double>(est.n_params))
+                                          : 0;
   const int64_t input = 2 * BT * 8;  // inputs and targets, int64
 
   // Kept for backward by one block run plainly (see DESIGN notes in decoder.cpp / transformer_block.cpp):

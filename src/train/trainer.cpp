@@ -55,6 +55,11 @@ optim::OptimizerOptions optimizer_options(const Recipe& r) {
          : r.clip == "per_param_norm" ? optim::Clip::per_param_norm
                                       : optim::Clip::none);
   o.max_grad_norm(r.max_grad_norm);
+  o.state(optim::StateOptions()
+              .precision(*optim::parse_precision(r.state_precision))
+              .placement(*optim::parse_placement(r.state_placement))
+              .mmap_dir(r.state_dir));
+  o.stochastic_rounding(r.stochastic_rounding);
   return o;
 }
 

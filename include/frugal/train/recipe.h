@@ -53,6 +53,10 @@ struct Recipe {
   bool in_backward = false;
   std::string clip = "none";        // none, global_norm, global_norm_two_pass, per_param_norm
   double max_grad_norm = 1.0;
+  std::string state_precision = "fp32";  // fp32, bf16, int8, int4 (Adam(W) moments)
+  std::string state_placement = "device";  // device, host (streamed to the device), mmap (paged files)
+  std::string state_dir = "/tmp";          // where mmap placement keeps its files
+  bool stochastic_rounding = false;        // bf16 parameters
   // schedule
   std::string schedule = "cosine";  // constant, linear_warmup, cosine, linear_decay, step
   int64_t warmup_steps = 10;

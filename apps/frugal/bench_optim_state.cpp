@@ -1,0 +1,107 @@
+// frugal bench optim-state — AdamW state in fp32, bf16, 8-bit and 4-bit: bytes per parameter,
+// step time against fp32 on ~50M parameters, and with --steps N the default recipe's final loss.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "args.h"
+#include "commands.h"
+#include "frugal/io/json.h"
+#include "frugal/optim/optimizer.h"
+#include "frugal/train/trainer.h"
+
+namespace frugal {
+namespace cli {
+
+int bench_optim_state(int argc, char** argv) {
+  int64_t params = 50'000'000, steps = 0, runs = 5;
+  std::string json_out = "-", recipe_path = std::string(FRUGAL_SOURCE_DIR) + "/recipes/default.yaml";
+  Args args("bench optim-state",
+            "AdamW with its two moments in fp32, bf16, 8-bit and 4-bit blocks: bytes per parameter and the time of one\n"
+            "optimizer step over --params parameters (as 2048-wide matrices), against fp32. With --steps N, also trains\n"
+            "the recipe N steps per precision and compares the final loss with fp32's.");
+  args.add_int("params", &params, "parameters in the timed step", 4096);
+  args.add_int("runs", &runs, "timed steps per precision", 1);
+  args.add_int("steps", &steps, "training steps of the recipe per precision (0: skip)", 0);
+  args.add_string("recipe", &recipe_path, "the recipe for --steps", "FILE");
+  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  if (!args.parse(argc, argv, 3)) return 0;
+
+  const int64_t width = 2048, rows = std::max<int64_t>(1, params / width);
+  const int64_t matrices = std::max<int64_t>(1, rows / width), last_rows = rows - (matrices - 1) * width;
+  const std::vector<optim::StatePrecision> precisions = {optim::StatePrecision::fp32, optim::StatePrecision::bf16,
+                                                         optim::StatePrecision::int8, optim::StatePrecision::int4};
+  struct Row {
+    double bytes_per_param = 0, step_s = 0, final_loss = 0;
+  };
+  std::vector<Row> rows_out(precisions.size());
+  for (size_t i = 0; i < precisions.size(); ++i) {
+    torch::OrderedDict<std::string, at::Tensor> named;
+    int64_t n = 0;
+    for (int64_t m = 0; m < matrices; ++m) {
+      at::Tensor w = at::randn({m + 1 == matrices ? last_rows : width, width}).requires_grad_();
+      named.insert("w" + std::to_string(m), w);
+      n += w.numel();
+    }
+    optim::Optimizer opt(named, optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(
+                                    optim::StateOptions().precision(precisions[i])));
+    std::vector<double> times;
+    for (int64_t r = 0; r <= runs; ++r) {
+      for (auto& item : named) item.value().mutable_grad() = at::randn_like(item.value());
+      const auto t0 = std::chrono::steady_clock::now();
+      opt.step();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) times.push_back(s);  // the first step creates the state
+      opt.zero_grad();
+    }
+    std::sort(times.begin(), times.end());
+    rows_out[i].step_s = times[times.size() / 2];
+    rows_out[i].bytes_per_param = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
+    std::fprintf(stderr, "%-5s %.3f bytes/param, step %.1f ms over %lld parameters\n", optim::precision_name(precisions[i]),
+                 rows_out[i].bytes_per_param, rows_out[i].step_s * 1e3, static_cast<long long>(n));
+  }
+  if (steps > 0) {
+    for (size_t i = 0; i < precisions.size(); ++i) {
+      char tmp[] = "/tmp/frugal-bench-state-XXXXXX";
+      if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
+      train::Recipe r;
+      try {
+        r = train::load_recipe(recipe_path, {"train.steps=" + std::to_string(steps), std::string("train.out_dir=") + tmp,
+                                             "train.checkpoint_interval=0", "train.eval_interval=0",
+                                             std::string("optimizer.state_precision=") + optim::precision_name(precisions[i])});
+      } catch (const train::RecipeError& e) {
+        throw UsageError(e.what());
+      }
+      auto log = [&](const std::string& line) { std::cerr << "frugal bench optim-state (" << optim::precision_name(precisions[i]) << "): " << line << "\n"; };
+      const auto result = train::run_training(r, train::TrainOptions().sample(false), log);
+      // The final loss: the mean of the last 10% of the steps (one step is noisy).
+      const size_t tail = std::max<size_t>(1, result.losses.size() / 10);
+      double sum = 0;
+      for (size_t k = result.losses.size() - tail; k < result.losses.size(); ++k) sum += result.losses[k];
+      rows_out[i].final_loss = sum / static_cast<double>(tail);
+    }
+  }
+  std::ostringstream json;
+  io::JsonWriter w(json);
+  w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(rows * width).key("steps").value(steps);
+  w.key("precisions").begin_object();
+  for (size_t i = 0; i < precisions.size(); ++i) {
+    w.key(optim::precision_name(precisions[i])).begin_object();
+    w.key("bytes_per_param").value(rows_out[i].bytes_per_param);
+    w.key("step_time_s").value(rows_out[i].step_s);
+    w.key("step_time_ratio_vs_fp32").value(rows_out[i].step_s / rows_out[0].step_s);
+    if (steps > 0) {
+      w.key("final_loss").value(rows_out[i].final_loss);
+      w.key("loss_ratio_vs_fp32").value(rows_out[i].final_loss / rows_out[0].final_loss);
+    }
+    w.end_object();
+  }
+  w.end_object().end_object();
+  write_output(json_out, json.str());
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace frugal
