@@ -40,6 +40,7 @@ int run_account(int argc, char** argv) {
   const std::string invalid = train::validate(config);
   if (!invalid.empty()) throw UsageError("--" + invalid);
 
+  warn_if_slow_blas();
   const bool json_to_stdout = json_out == "-";
   train::AccountResult result = train::run_memory_account(config, [](const std::string& line) {
     std::cerr << "frugal account: " << line << "\n";

@@ -38,6 +38,7 @@ int bench_checkpoint(int argc, char** argv) {
   const std::string invalid = train::validate(config);
   if (!invalid.empty()) throw UsageError("--" + invalid);
 
+  warn_if_slow_blas();
   const train::AccountResult r = train::run_memory_account(config, [](const std::string& line) {
     std::cerr << "frugal bench checkpoint: " << line << "\n";
   });

@@ -27,6 +27,7 @@ int bench_chunked_loss(int argc, char** argv) {
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   config.timing_runs = static_cast<int>(runs);
+  warn_if_slow_blas();
   std::fprintf(stderr, "frugal bench chunked-loss: %lld tokens, hidden %lld, vocabulary %lld, chunks of %lld\n",
                static_cast<long long>(config.tokens), static_cast<long long>(config.hidden),
                static_cast<long long>(config.vocab), static_cast<long long>(config.chunk));

@@ -38,6 +38,7 @@ int bench_optim_in_backward(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--policy: ") + e.what());
   }
+  warn_if_slow_blas();
   const auto r = train::run_optim_in_backward_benchmark(c);
   const double time_ratio = r.time_s_in_backward / r.time_s_standard;
   std::ostringstream json;

@@ -29,6 +29,7 @@ int bench_optim_state(int argc, char** argv) {
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
 
+  warn_if_slow_blas();
   const int64_t width = 2048, rows = std::max<int64_t>(1, params / width);
   const int64_t matrices = std::max<int64_t>(1, rows / width), last_rows = rows - (matrices - 1) * width;
   const std::vector<optim::StatePrecision> precisions = {optim::StatePrecision::fp32, optim::StatePrecision::bf16,

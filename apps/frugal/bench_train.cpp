@@ -43,6 +43,7 @@ int bench_train(int argc, char** argv) {
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }
+  warn_if_slow_blas();
   const train::Recipe off = train::without_techniques(on);
   auto log = [](const std::string& line) { std::cerr << "frugal bench train: " << line << "\n"; };
   log("all techniques on: checkpointing " + on.checkpointing + ", chunked loss " + (on.chunked_loss ? "on" : "off") +

@@ -19,6 +19,10 @@ int bench_optim_in_backward(int argc, char** argv);
 int bench_train(int argc, char** argv);
 int bench_optim_state(int argc, char** argv);
 
+// Prints one line when matrix products run at reference-BLAS speed (call once the arguments are
+// known to be good, before the work).
+void warn_if_slow_blas();
+
 // Writes text to path atomically, or to stdout when path is "-".
 void write_output(const std::string& path, const std::string& text);
 

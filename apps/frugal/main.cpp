@@ -2,6 +2,7 @@
 // turns errors into exit codes (2: the user's mistake, one line; 1: a failure while working).
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -28,17 +29,18 @@ const char* kUsage =
     "\n"
     "'frugal COMMAND --help' describes a command's flags.\n";
 
-bool asks_for_help(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 namespace frugal {
 namespace cli {
+
+void warn_if_slow_blas() {
+  // Best of a few short probes: a busy machine slows one probe, not all of them.
+  double best = 0;
+  for (int i = 0; i < 5 && best < train::kSlowBlasGflops; ++i) best = std::max(best, train::measure_matmul_gflops(256, 0.01));
+  const std::string warning = train::slow_blas_warning(best);
+  if (!warning.empty()) std::cerr << "frugal: " << warning << "\n";
+}
 
 void write_output(const std::string& path, const std::string& text) {
   if (path == "-") {
@@ -59,10 +61,6 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   try {
-    if (!asks_for_help(argc, argv)) {
-      const std::string warning = train::slow_blas_warning(train::measure_matmul_gflops());
-      if (!warning.empty()) std::cerr << "frugal: " << warning << "\n";
-    }
     if (command == "account") return cli::run_account(argc, argv);
     if (command == "bench") return cli::run_bench(argc, argv);
     if (command == "train") return cli::run_train(argc, argv);

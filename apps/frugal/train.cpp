@@ -123,6 +123,7 @@ int run_train(int argc, char** argv) {
     return 0;
   }
 
+  warn_if_slow_blas();
   const bool bar = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
   train::TrainResult result;
   try {

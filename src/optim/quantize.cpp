@@ -1,7 +1,12 @@
 #include "frugal/optim/quantize.h"
 
+#include "frugal/memory/tracker.h"
+
 #include <cmath>
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -51,14 +56,24 @@ at::Tensor dynamic_code_map(bool is_signed, int bits) {
 namespace {
 
 // The maps and their midpoints, made once per (signedness, bits, device) and shared by all buffers.
-std::pair<at::Tensor, at::Tensor> shared_map(bool is_signed, int bits, at::Device device) {
+struct SharedMap {
+  at::Tensor map, boundaries, lut;
+};
+
+SharedMap shared_map(bool is_signed, int bits, at::Device device) {
   static std::mutex mutex;
-  static std::map<std::tuple<bool, int, std::string>, std::pair<at::Tensor, at::Tensor>> cache;
+  static std::map<std::tuple<bool, int, std::string>, SharedMap> cache;
   std::lock_guard<std::mutex> lock(mutex);
   auto& entry = cache[std::make_tuple(is_signed, bits, device.str())];
-  if (!entry.first.defined()) {
-    const at::Tensor map = dynamic_code_map(is_signed, bits).to(device);
-    entry = {map, ((map.narrow(0, 1, map.size(0) - 1) + map.narrow(0, 0, map.size(0) - 1)) / 2).contiguous()};
+  if (!entry.map.defined()) {
+    const at::Tensor map = dynamic_code_map(is_signed, bits);
+    const at::Tensor boundaries = ((map.narrow(0, 1, map.size(0) - 1) + map.narrow(0, 0, map.size(0) - 1)) / 2).contiguous();
+    // Every 16-bit prefix of an fp32 value (its bf16 truncation), and its code.
+    const at::Tensor prefixes = (at::arange(65536, at::kInt) * 65536).view(at::kFloat);
+    const at::Tensor lut = at::searchsorted(boundaries, prefixes.nan_to_num(0.0).clamp(-1.0, 1.0)).to(at::kByte);
+    entry = {map.to(device), boundaries.to(device), lut};
+    // Constant tables shared by every buffer of the process: not any one optimizer's state.
+    for (const at::Tensor* t : {&entry.map, &entry.boundaries, &entry.lut}) memory::tag(*t, memory::Category::other);
   }
   return entry;
 }
@@ -69,7 +84,10 @@ QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is
     : numel_(numel), block_(block), bits_(bits), signed_(is_signed) {
   TORCH_CHECK(bits == 8 || bits == 4, "QuantizedBuffer: bits must be 8 or 4");
   TORCH_CHECK(block > 0 && block % 2 == 0, "QuantizedBuffer: block must be a positive even number");
-  std::tie(map_, boundaries_) = shared_map(is_signed, bits, device);
+  const SharedMap shared = shared_map(is_signed, bits, device);
+  map_ = shared.map;
+  boundaries_ = shared.boundaries;
+  lut_ = shared.lut;
   const int64_t blocks = (numel + block - 1) / block;
   const auto u8 = at::TensorOptions().dtype(at::kByte).device(device);
   const int64_t zero_code = at::searchsorted(boundaries_, at::zeros({1}, map_.options())).item<int64_t>();
@@ -135,6 +153,110 @@ void QuantizedBuffer::move_codes_to(at::Tensor storage) {
   TORCH_CHECK(storage.scalar_type() == at::kByte && storage.numel() == codes_.numel(), "QuantizedBuffer: storage of the wrong size");
   storage.copy_(codes_);
   codes_ = storage;
+}
+
+}  // namespace optim
+}  // namespace frugal
+
+namespace frugal {
+namespace optim {
+namespace {
+
+// The code of x (already normalized): the table's guess, corrected to searchsorted's answer. The
+// guess comes from x's top 16 bits, off by at most one entry (a bf16 step is far finer than the
+// map's gaps relative to the value), so one branch-free step each way settles it.
+inline uint8_t nearest_code(float x, const uint8_t* lut, const float* boundaries, int64_t n_boundaries) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  int64_t code = lut[bits >> 16];
+  code += (code < n_boundaries && boundaries[code] < x);
+  code -= (code > 0 && boundaries[code - 1] >= x);
+  return static_cast<uint8_t>(code);
+}
+
+template <int Bits>
+void adam_blocks(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin,
+                 int64_t end) {
+  const int64_t block = m.block(), first = begin / block, last = (end + block - 1) / block;
+  uint8_t* mc = m.codes().data_ptr<uint8_t>();
+  uint8_t* vc = v.codes().data_ptr<uint8_t>();
+  float* ma = m.absmax().data_ptr<float>();
+  float* va = v.absmax().data_ptr<float>();
+  const float *mmap = m.map_data(), *vmap = v.map_data();
+  const float *mb = m.boundary_data(), *vb = v.boundary_data();
+  const uint8_t *mlut = m.lut(), *vlut = v.lut();
+  const int64_t mnb = m.levels() - 1, vnb = v.levels() - 1;
+  const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2);
+  const float one_b1 = static_cast<float>(1 - h.beta1), one_b2 = static_cast<float>(1 - h.beta2);
+  const float eps = static_cast<float>(h.eps), wd = static_cast<float>(h.weight_decay);
+  const float decay = static_cast<float>(1 - h.lr * h.weight_decay);
+  const float sqrt_bc2 = static_cast<float>(std::sqrt(h.bias_correction2));
+  const float step = static_cast<float>(-h.lr / h.bias_correction1);
+  auto code_at = [](const uint8_t* codes, int64_t i) -> int {
+    if (Bits == 8) return codes[i];
+    const uint8_t byte = codes[i >> 1];
+    return (i & 1) ? (byte >> 4) : (byte & 15);
+  };
+  at::parallel_for(first, last, 64, [&](int64_t b0, int64_t b1_) {
+    std::vector<float> mt(static_cast<size_t>(block)), vt(static_cast<size_t>(block));
+    for (int64_t b = b0; b < b1_; ++b) {
+      const int64_t base = b * block;                       // element index in the parameter
+      const int64_t count = std::min(block, m.numel() - base);
+      const float am = ma[b], av = va[b];
+      float max_m = 0, max_v = 0;
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t i = base + j, k = i - begin;         // k: index into this range's p and g
+        float gj = g[k];
+        float pj = p[k];
+        if (h.decoupled) {
+          pj *= decay;
+        } else if (wd != 0) {
+          gj = gj + wd * pj;
+        }
+        const float mj = mmap[code_at(mc, i)] * am * b1 + one_b1 * gj;
+        const float vj = vmap[code_at(vc, i)] * av * b2 + one_b2 * gj * gj;
+        const float denom = std::sqrt(vj) / sqrt_bc2 + eps;
+        p[k] = pj + step * (mj / denom);
+        mt[static_cast<size_t>(j)] = mj;
+        vt[static_cast<size_t>(j)] = vj;
+        max_m = std::max(max_m, std::fabs(mj));
+        max_v = std::max(max_v, std::fabs(vj));
+      }
+      for (int64_t j = count; j < block; ++j) mt[static_cast<size_t>(j)] = vt[static_cast<size_t>(j)] = 0.0f;  // padding
+      ma[b] = max_m;
+      va[b] = max_v;
+      const float inv_m = 1.0f / std::max(max_m, 1e-30f), inv_v = 1.0f / std::max(max_v, 1e-30f);
+      for (int64_t j = 0; j < block; ++j) {
+        const float xm = std::min(1.0f, std::max(-1.0f, mt[static_cast<size_t>(j)] * inv_m));
+        const float xv = std::min(1.0f, std::max(0.0f, vt[static_cast<size_t>(j)] * inv_v));
+        const uint8_t cm = nearest_code(xm, mlut, mb, mnb), cv = nearest_code(xv, vlut, vb, vnb);
+        const int64_t i = base + j;
+        if (Bits == 8) {
+          mc[i] = cm;
+          vc[i] = cv;
+        } else if (i & 1) {
+          mc[i >> 1] = static_cast<uint8_t>((mc[i >> 1] & 15) | (cm << 4));
+          vc[i >> 1] = static_cast<uint8_t>((vc[i >> 1] & 15) | (cv << 4));
+        } else {
+          mc[i >> 1] = static_cast<uint8_t>((mc[i >> 1] & 0xF0) | cm);
+          vc[i >> 1] = static_cast<uint8_t>((vc[i >> 1] & 0xF0) | cv);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
+                             int64_t begin, int64_t end) {
+  TORCH_CHECK(m.bits() == v.bits() && m.block() == v.block() && begin % m.block() == 0, "adam_step_quantized_cpu: mismatched state");
+  TORCH_CHECK(m.codes().device().is_cpu(), "adam_step_quantized_cpu: the state must be on the CPU");
+  if (m.bits() == 8) {
+    adam_blocks<8>(h, p, g, m, v, begin, end);
+  } else {
+    adam_blocks<4>(h, p, g, m, v, begin, end);
+  }
 }
 
 }  // namespace optim

@@ -39,6 +39,21 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
   at::Tensor p_flat = param.view({-1});
   const at::Tensor g_flat = grad.reshape({-1});
   const bool fp32_param = param.scalar_type() == at::kFloat;
+  // 8- and 4-bit moments of a CPU parameter: the fused kernel (one pass per block).
+  QuantizedBuffer *qm = state.m->quantized(), *qv = state.v->quantized();
+  if (qm && qv && param.device().is_cpu() && qm->codes().device().is_cpu()) {
+    const AdamStep step{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2,
+                        h.algorithm == Algorithm::adamw};
+    for (int64_t b = 0; b < n; b += chunk) {
+      const int64_t e = std::min(n, b + chunk);
+      at::Tensor p_view = p_flat.narrow(0, b, e - b);
+      at::Tensor p = fp32_param ? p_view : p_view.to(at::kFloat);
+      const at::Tensor g = g_flat.narrow(0, b, e - b).to(at::kFloat).contiguous();
+      adam_step_quantized_cpu(step, p.data_ptr<float>(), g.data_ptr<float>(), *qm, *qv, b, e);
+      if (!fp32_param) p_view.copy_(h.stochastic_rounding && param.scalar_type() == at::kBFloat16 ? stochastic_round_bf16(p) : p.to(param.scalar_type()));
+    }
+    return;
+  }
   for (int64_t b = 0; b < n; b += chunk) {
     const int64_t e = std::min(n, b + chunk);
     at::Tensor p_view = p_flat.narrow(0, b, e - b);

@@ -246,3 +246,31 @@ TEST(OptimizerState, TrainingQualityCloseToFp32) {
   EXPECT_NEAR(run(StatePrecision::int4) / fp32, 1.0, 0.05);
   EXPECT_NEAR(run(StatePrecision::bf16) / fp32, 1.0, 0.02);
 }
+
+TEST(CodeMap, FusedKernelMatchesTheTensorPath) {
+  // The fused CPU step against the same step written with tensor operations on load()/store().
+  torch::manual_seed(3);
+  for (int bits : {8, 4}) {
+    SCOPED_TRACE(bits);
+    const int64_t block = bits == 8 ? 256 : 128, n = 40 * block + 17;
+    at::Tensor p1 = at::randn({n}), g = at::randn({n}) * 0.1;
+    at::Tensor p2 = p1.clone();
+    QuantizedBuffer m1(n, bits, block, true), v1(n, bits, block, false), m2(n, bits, block, true), v2(n, bits, block, false);
+    const at::Tensor m0 = at::randn({n}) * 0.01, v0 = at::rand({n}) * 1e-4;
+    for (auto* q : {&m1, &m2}) q->store(0, n, m0);
+    for (auto* q : {&v1, &v2}) q->store(0, n, v0);
+    const AdamStep h{1e-3, 0.9, 0.999, 1e-8, 0.01, 1 - std::pow(0.9, 3), 1 - std::pow(0.999, 3), true};
+    adam_step_quantized_cpu(h, p1.data_ptr<float>(), g.data_ptr<float>(), m1, v1, 0, n);
+    at::Tensor m = m2.load(0, n), v = v2.load(0, n);
+    p2.mul_(1 - h.lr * h.weight_decay);
+    m.mul_(h.beta1).add_(g, 1 - h.beta1);
+    v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
+    p2.addcdiv_(m, (v.sqrt() / std::sqrt(h.bias_correction2)).add_(h.eps), -h.lr / h.bias_correction1);
+    m2.store(0, n, m);
+    v2.store(0, n, v);
+    EXPECT_LE((p1 - p2).abs().max().item<double>(), 1e-6);
+    EXPECT_TRUE(at::allclose(m1.absmax(), m2.absmax(), 1e-6, 0));
+    EXPECT_LE((m1.codes() != m2.codes()).sum().item<int64_t>(), m1.codes().numel() / 500);  // a rare tie at a boundary
+    EXPECT_LE((v1.codes() != v2.codes()).sum().item<int64_t>(), v1.codes().numel() / 500);
+  }
+}

@@ -45,13 +45,39 @@ class QuantizedBuffer {
   // Keeps the codes in `storage` (uint8, as many bytes as codes()) from now on, e.g. a mapped file.
   void move_codes_to(at::Tensor storage);
 
+  // The code of the map entry nearest each value (already divided by its block's absmax), as
+  // at::searchsorted over the midpoints would give, via a 64K-entry table on the value's top 16
+  // bits and a short correction. For the fused CPU kernels.
+  const uint8_t* lut() const { return lut_.data_ptr<uint8_t>(); }
+  const float* map_data() const { return map_.data_ptr<float>(); }
+  const float* boundary_data() const { return boundaries_.data_ptr<float>(); }
+  int64_t levels() const { return map_.numel(); }
+
  private:
   int64_t numel_ = 0, block_ = 256;
   int bits_ = 8;
   bool signed_ = true;
   at::Tensor map_, boundaries_;  // the code map and the midpoints between its entries
+  at::Tensor lut_;               // uint8 (65536): code of the value whose top 16 bits index it
   at::Tensor codes_, absmax_;
 };
+
+}  // namespace optim
+}  // namespace frugal
+
+namespace frugal {
+namespace optim {
+
+struct AdamStep {
+  double lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
+  bool decoupled;  // AdamW
+};
+
+// One Adam(W) step over elements [begin, end) (begin block-aligned) of a CPU parameter whose moments
+// are quantized, fused: per block, dequantize, update the moments and the parameter, requantize.
+// p and g: fp32, contiguous, end - begin elements. Threads over blocks with at::parallel_for.
+void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
+                             int64_t begin, int64_t end);
 
 }  // namespace optim
 }  // namespace frugal

@@ -58,6 +58,8 @@ class StateBuffer {
   at::Tensor load(int64_t begin, int64_t end, at::Device device) const;
   void store(int64_t begin, int64_t end, const at::Tensor& values);
   int64_t bytes() const;
+  // The quantized form (8- and 4-bit precisions), for fused kernels; nullptr otherwise.
+  QuantizedBuffer* quantized() { return quantized_.get(); }
 
   // Saved as "<prefix>" (fp32/bf16, the parameter's shape) or "<prefix>.codes" + "<prefix>.absmax".
   void save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const;
