@@ -22,12 +22,7 @@ int run_account(int argc, char** argv) {
             "the activation bytes kept for backward with no checkpointing, full, every second block and\n"
             "selective checkpointing, against a per-layer formula. With --budget, also plans which blocks\n"
             "to checkpoint to fit an activation budget and measures the plan. Prints a table and writes JSON.");
-  args.add_int("layers", &config.layers, "number of Transformer blocks", 1);
-  args.add_int("width", &config.width, "model width d_model (divisible by --heads)", 1);
-  args.add_int("heads", &config.heads, "attention heads", 1);
-  args.add_device("device", &config.device, "where the model and activations live");
-  args.add_int("batch", &config.batch, "batch size B", 1);
-  args.add_int("seq", &config.seq, "sequence length T", 1);
+  add_stack_flags(args, config);
   args.add_int("seed", &seed, "random seed", 0);
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   args.add_bytes("budget", &budget,

@@ -58,5 +58,17 @@ class Args {
   std::string rest_metavar_;
 };
 
+// The shape flags of a Transformer stack (--layers --width --heads --batch --seq --device), for any
+// config with those fields.
+template <typename StackConfig>
+void add_stack_flags(Args& args, StackConfig& c) {
+  args.add_int("layers", &c.layers, "number of Transformer blocks", 1);
+  args.add_int("width", &c.width, "model width d_model (divisible by --heads)", 1);
+  args.add_int("heads", &c.heads, "attention heads", 1);
+  args.add_int("batch", &c.batch, "batch size B", 1);
+  args.add_int("seq", &c.seq, "sequence length T", 1);
+  args.add_device("device", &c.device, "where the model and activations live");
+}
+
 }  // namespace cli
 }  // namespace frugal

@@ -23,12 +23,7 @@ int bench_checkpoint(int argc, char** argv) {
   Args args("bench checkpoint",
             "Times forward+backward (median of --runs after warm-up) and measures the activation bytes kept\n"
             "for backward for each checkpointing policy, and prints both as ratios against no checkpointing.");
-  args.add_int("layers", &config.layers, "number of Transformer blocks", 1);
-  args.add_int("width", &config.width, "model width (divisible by --heads)", 1);
-  args.add_int("heads", &config.heads, "attention heads", 1);
-  args.add_device("device", &config.device, "where the model and activations live");
-  args.add_int("batch", &config.batch, "batch size", 1);
-  args.add_int("seq", &config.seq, "sequence length", 1);
+  add_stack_flags(args, config);
   args.add_int("runs", &runs, "timed runs per policy", 1);
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;

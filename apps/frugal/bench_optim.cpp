@@ -20,14 +20,9 @@ int bench_optim_in_backward(int argc, char** argv) {
             "Trains two identical Transformer stacks with AdamW, one stepping after backward and one inside it, and\n"
             "reports the peak bytes of a steady step, the gradient bytes live at once, time per step, and the\n"
             "parameter difference at the end.");
-  args.add_int("layers", &c.layers, "Transformer blocks", 1);
-  args.add_int("width", &c.width, "model width", 1);
-  args.add_int("heads", &c.heads, "attention heads", 1);
-  args.add_int("batch", &c.batch, "batch size", 1);
-  args.add_int("seq", &c.seq, "sequence length", 1);
+  add_stack_flags(args, c);
   args.add_string("policy", &c.policy, "activation checkpointing: none, full, every_K, selective", "POLICY");
   args.add_int("runs", &runs, "timed steps per mode", 1);
-  args.add_device("device", &c.device, "where the model lives");
   std::string json_out = "-";
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
