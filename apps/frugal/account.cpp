@@ -17,6 +17,7 @@ int run_account(int argc, char** argv) {
   std::string json_out = "account.json";
   bool skip_timing = false;
   int64_t budget = -1;
+  std::string trace_out;
   Args args("account",
             "Measure parameter, gradient and AdamW-state bytes of a stack of pre-LN Transformer blocks, and\n"
             "the activation bytes kept for backward with no checkpointing, full, every second block and\n"
@@ -27,6 +28,7 @@ int run_account(int argc, char** argv) {
   args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   args.add_bytes("budget", &budget,
                   "activation budget: plan which blocks to checkpoint so the activation peak fits, then measure it");
+  args.add_string("trace-out", &trace_out, "write the allocation timeline (JSON; frugal report reads it)", "FILE");
   args.add_flag("skip-timing", &skip_timing, "do not time forward+backward (time_s is null)");
   if (!args.parse(argc, argv, 2)) return 0;
   config.seed = static_cast<uint64_t>(seed);
@@ -52,6 +54,12 @@ int run_account(int argc, char** argv) {
   (json_to_stdout ? std::cerr : std::cout) << table.str();
   write_output(json_out, json.str());
   if (!json_to_stdout) std::cout << "\nwrote " << json_out << "\n";
+  if (!trace_out.empty()) {
+    std::ostringstream trace;
+    result.tracker->write_timeline_json(trace);
+    write_output(trace_out, trace.str());
+    std::cout << "wrote " << trace_out << " (" << result.tracker->events().size() << " events)\n";
+  }
 
   if (result.n_params != result.n_params_formula) {
     throw std::runtime_error("parameter count " + std::to_string(result.n_params) + " differs from L*(12d^2+13d) = " +

@@ -11,6 +11,7 @@ int run_bench(int argc, char** argv);    // argv[1] = "bench", argv[2] = NAME
 int run_train(int argc, char** argv);
 int run_generate(int argc, char** argv);
 int run_tokenizer(int argc, char** argv);
+int run_report(int argc, char** argv);
 
 // The benchmarks, one file each (bench_NAME.cpp); flags start at argv[3].
 int bench_checkpoint(int argc, char** argv);

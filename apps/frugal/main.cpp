@@ -25,6 +25,7 @@ const char* kUsage =
     "  tokenizer train a SentencePiece tokenizer on a corpus, or encode text with one\n"
     "  account   measure parameter, gradient, optimizer and activation memory of a Transformer stack,\n"
     "            with and without activation checkpointing\n"
+    "  report    turn an allocation trace into a snapshot for PyTorch's memory viewer\n"
     "  bench     run a benchmark and print its ratios against the plain version (frugal bench --help)\n"
     "\n"
     "'frugal COMMAND --help' describes a command's flags.\n";
@@ -66,7 +67,8 @@ int main(int argc, char** argv) {
     if (command == "train") return cli::run_train(argc, argv);
     if (command == "generate") return cli::run_generate(argc, argv);
     if (command == "tokenizer") return cli::run_tokenizer(argc, argv);
-    throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench, train, generate, tokenizer)");
+    if (command == "report") return cli::run_report(argc, argv);
+    throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench, train, generate, tokenizer, report)");
   } catch (const cli::UsageError& e) {
     std::cerr << "frugal: " << e.what() << "\n";
     return 2;

@@ -280,6 +280,7 @@ void Tracker::write_timeline_json(std::ostream& out) const {
         .key("phase").value(phase_name(e.phase))
         .key("device").value(e.device.str())
         .key("step").value(e.step)
+        .key("addr").value(static_cast<int64_t>(e.addr))
         .end_object();
   }
   w.end_array().end_object();

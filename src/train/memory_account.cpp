@@ -150,6 +150,7 @@ AccountResult run_memory_account(const AccountConfig& config,
   AccountResult result;
   result.config = config;
   auto tracker = memory::Tracker::create();
+  result.tracker = tracker;
   Stack stack;
   at::Tensor x;
   std::vector<std::pair<std::string, Runner>> runs;  // (name, runner) of every variant and plan, for timing

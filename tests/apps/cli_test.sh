@@ -120,5 +120,33 @@ expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t2" --vocab-
 expect 0 "cats" -- tokenizer encode "$tmp/t2.model" "cats and dogs"
 expect 2 "cannot be loaded" -- tokenizer encode "$tmp/corpus/f" "x"
 
+# Allocation trace -> PyTorch memory-viewer snapshot, read back with Python's pickle.
+expect 0 "events" -- account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --json-out "$tmp/t.json" --trace-out "$tmp/trace.json"
+expect 0 "wrote" -- report "$tmp/trace.json" --memory-viz "$tmp/snap.pickle"
+if python3 - "$tmp/snap.pickle" <<'PY'
+import pickle, pickletools, sys
+raw = open(sys.argv[1], "rb").read()
+allowed = {"PROTO", "MARK", "EMPTY_DICT", "SETITEMS", "EMPTY_LIST", "APPENDS", "BININT", "LONG1", "BINUNICODE",
+           "BINFLOAT", "NONE", "NEWTRUE", "NEWFALSE", "TUPLE2", "STOP"}
+used = {op.name for op, _, _ in pickletools.genops(raw)}
+assert used <= allowed, used - allowed
+snap = pickle.loads(raw)
+assert set(snap) == {"segments", "device_traces"}
+trace = snap["device_traces"][0]
+assert trace and all({"action", "addr", "size", "stream", "time_us", "category"} <= set(e) for e in trace)
+assert any(e["category"] == "unknown" for e in trace)
+assert {e["category"] for e in trace} >= {"parameter", "activation", "gradient", "optimizer_state"}
+live = {}
+for e in trace:
+    if e["action"] == "alloc": live[e["addr"]] = e["size"]
+    if e["action"] == "free_completed": del live[e["addr"]]
+blocks = {b["address"]: b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
+assert blocks == live, "segments disagree with the trace"
+PY
+then pass=$((pass + 1)); else echo "FAIL: memory-viz snapshot"; failed=$((failed + 1)); fi
+expect 2 "nothing to write" -- report "$tmp/trace.json"
+printf '{"events": [{"time_us": 1}]}' > "$tmp/bad_trace.json"
+expect 2 "missing key 'action'" -- report "$tmp/bad_trace.json" --memory-viz "$tmp/x.pickle"
+
 echo "$pass passed, $failed failed"
 [ "$failed" = 0 ]

@@ -84,7 +84,7 @@ class Tracker {
   int64_t untracked_frees() const { return untracked_frees_.load(); }
   int64_t current_step() const { return step_.load(); }
 
-  // Writes {"devices": [...], "events": [{time_us, action, bytes, category, phase, device, step}...]}.
+  // Writes {"categories": [...], "events": [{time_us, action, bytes, category, phase, device, step, addr}...]}.
   void write_timeline_json(std::ostream& out) const;
 
   // --- called by the reporters and scopes; not for users ---

@@ -21,6 +21,7 @@
 
 #include "frugal/checkpoint/planner.h"
 #include "frugal/io/json.h"
+#include "frugal/memory/tracker.h"
 #include "frugal/train/optim_benchmark.h"
 
 namespace frugal {
@@ -85,6 +86,7 @@ struct AccountResult {
   int64_t planner_predicted_none = 0;     // the planner's prediction of it
   std::vector<BudgetResult> budgets;      // in budget_bytes then budget_fractions order
   std::optional<OptimInBackwardResult> optimizer_modes;
+  std::shared_ptr<memory::Tracker> tracker;  // the measured steps' allocation timeline
 
   const VariantResult* find(const std::string& name) const;
   double max_grad_diff() const;

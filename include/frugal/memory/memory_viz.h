@@ -1,0 +1,29 @@
+// frugal/memory/memory_viz.h — traces for PyTorch's memory viewer (pytorch.org/memory_viz).
+//
+// Turns a tracker timeline into the snapshot that viewer loads: a pickle (protocol 2, only the
+// opcodes its unpickler accepts) of {"segments": [...], "device_traces": [[...]]}. Every tracked
+// allocation becomes its own segment (segment_alloc + alloc ... free_requested + free_completed +
+// segment_free), so the segments left at the end hold exactly the blocks still allocated and the
+// viewer's state-history replay agrees with the trace. Trace entries carry addr, size, stream,
+// time_us and category (frugal's categories; segment events are 'unknown'). CPU memory is shown as
+// device 0.
+//
+//   auto events = frugal::memory::read_timeline_json(text);      // a --trace-out file
+//   std::string pickle = frugal::memory::memory_viz_pickle(events);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "frugal/memory/tracker.h"
+
+namespace frugal {
+namespace memory {
+
+// Parses Tracker::write_timeline_json output. Throws std::invalid_argument naming the problem.
+std::vector<MemoryEvent> read_timeline_json(const std::string& text);
+
+std::string memory_viz_pickle(const std::vector<MemoryEvent>& events);
+
+}  // namespace memory
+}  // namespace frugal
