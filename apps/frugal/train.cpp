@@ -67,6 +67,7 @@ int run_train(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool resume = false, dry_run = false, list_keys = false;
   std::string progress = "auto";
+  int64_t memory_limit = -1;
   Args args("train",
             "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
             "default, llama2-7b). Any recipe key can be overridden as section.key=value.");
@@ -77,6 +78,8 @@ int run_train(int argc, char** argv) {
   args.add_string("json-out", &json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
   args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
   args.add_flag("list-keys", &list_keys, "print every recipe key and stop");
+  args.add_bytes("memory-limit", &memory_limit,
+                 "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit");
   // RECIPE is optional with --list-keys
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--list-keys") {
@@ -127,9 +130,14 @@ int run_train(int argc, char** argv) {
   const bool bar = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
   train::TrainResult result;
   try {
-    result = train::run_training(recipe, train::TrainOptions().resume(resume).progress_bar(bar), log);
+    result = train::run_training(
+        recipe, train::TrainOptions().resume(resume).progress_bar(bar).memory_limit(std::max<int64_t>(0, memory_limit)), log);
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
+  } catch (const train::MemoryLimitExceeded& e) {
+    if (bar) std::cerr << "\n";
+    std::cerr << "frugal train: stopped: " << e.what() << "\n";
+    return 1;
   }
   std::ostringstream summary;
   char line[256];

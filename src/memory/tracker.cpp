@@ -23,6 +23,14 @@ struct ReportSignature<void (C::*)(P, S, T, R, D)> {
 using ReportFn = decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage);
 using TotalBytes = ReportSignature<ReportFn>::Total;
 using ReservedBytes = ReportSignature<ReportFn>::Reserved;
+template <typename F>
+struct OomSignature;
+template <typename C, typename S, typename T, typename R, typename D>
+struct OomSignature<void (C::*)(S, T, R, D)> {
+  using Total = T;
+  using Reserved = R;
+};
+using OomFn = decltype(&c10::MemoryReportingInfoBase::reportOutOfMemory);
 
 // One reporter per open scope: c10 calls it on the allocating (or freeing) thread, and it forwards
 // to the shared tracker with the scope's identity. Autograd copies the thread's debug info into its
@@ -37,6 +45,10 @@ class ScopeReporter final : public c10::MemoryReportingInfoBase {
     tracker_->on_report(ptr, alloc_size, device, scope_id_, category_, phase_);
   }
   bool memoryProfilingEnabled() const override { return true; }
+  void reportOutOfMemory(int64_t alloc_size, OomSignature<OomFn>::Total /*total_allocated*/,
+                         OomSignature<OomFn>::Reserved /*total_reserved*/, c10::Device /*device*/) override {
+    tracker_->on_out_of_memory(alloc_size, phase_);
+  }
 
   const std::shared_ptr<Tracker>& tracker() const { return tracker_; }
   Phase phase() const { return phase_; }
@@ -115,6 +127,9 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
     category_live_[c] += size;
     live_max_by_category_[c] = std::max(live_max_by_category_[c], category_live_[c]);
     total_live_ += size;
+    if (limit_ > 0 && total_live_ > limit_ && !limit_report_.exceeded) {
+      limit_report_ = LimitReport{true, false, total_live_, size, step, phase, category_live_};
+    }
     if (total_live_ > peak_) {
       peak_ = total_live_;
       live_breakdown_at_peak_ = category_live_;
@@ -178,6 +193,23 @@ void Tracker::mark(Action action, Phase phase) {
 void Tracker::mark_step(int64_t step) {
   step_.store(step);
   mark(Action::step, Phase::idle);
+}
+
+void Tracker::set_limit(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = bytes;
+  limit_report_ = LimitReport();
+}
+
+Tracker::LimitReport Tracker::limit_report() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return limit_report_;
+}
+
+void Tracker::on_out_of_memory(int64_t requested_bytes, Phase phase) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (limit_report_.exceeded) return;
+  limit_report_ = LimitReport{true, true, total_live_, requested_bytes, step_.load(), phase, category_live_};
 }
 
 int64_t Tracker::live_bytes() const {

@@ -1,9 +1,11 @@
 #include "frugal/train/estimate.h"
 
 #include <algorithm>
+#include <sstream>
 #include <vector>
 
 #include "frugal/checkpoint/policy.h"
+#include "frugal/io/units.h"
 
 namespace frugal {
 namespace train {
@@ -125,6 +127,67 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   }
   for (int64_t b : cat) est.peak_bytes += b;
   return est;
+}
+
+}  // namespace train
+}  // namespace frugal
+
+namespace frugal {
+namespace train {
+
+std::string explain_memory_limit(const Recipe& recipe, int64_t vocab_size, const memory::Tracker::LimitReport& report,
+                                 int64_t limit_bytes) {
+  std::ostringstream out;
+  if (report.allocation_failed) {
+    out << "an allocation of " << io::human_bytes(report.requested_bytes) << " failed";
+  } else {
+    out << "the memory limit of " << io::human_bytes(limit_bytes) << " was exceeded";
+  }
+  out << " at step " << report.step << " (" << memory::phase_name(report.phase) << "), with "
+      << io::human_bytes(report.live_bytes) << " live:";
+  for (memory::Category c : memory::kAllCategories) {
+    const int64_t b = report.by_category[static_cast<int>(c)];
+    if (b > 0) out << "\n  " << memory::category_name(c) << " " << io::human_bytes(b);
+  }
+  out << "\nestimated peak now " << io::human_bytes(estimate_training_memory(recipe, vocab_size).peak_bytes)
+      << "; with one more technique:";
+  std::vector<std::pair<std::string, Recipe>> options;
+  auto add = [&](const std::string& what, Recipe r) { options.emplace_back(what, std::move(r)); };
+  Recipe all = recipe;
+  if (recipe.activation_budget == 0 && recipe.checkpointing != "full") {
+    Recipe r = recipe;
+    r.checkpointing = "full";
+    all.checkpointing = "full";
+    add("memory.checkpointing=full", r);
+  }
+  if (!recipe.chunked_loss) {
+    Recipe r = recipe;
+    r.chunked_loss = all.chunked_loss = true;
+    add("memory.chunked_loss=true", r);
+  }
+  if (!recipe.in_backward) {
+    Recipe r = recipe;
+    r.in_backward = all.in_backward = true;
+    if (r.clip == "global_norm") r.clip = all.clip = "global_norm_two_pass";
+    add("optimizer.in_backward=true", r);
+  }
+  if (recipe.algorithm != "sgd" && (recipe.state_precision == "fp32" || recipe.state_precision == "bf16")) {
+    Recipe r = recipe;
+    r.state_precision = all.state_precision = "int8";
+    add("optimizer.state_precision=int8", r);
+  }
+  if (recipe.algorithm != "sgd" && recipe.state_placement == "device") {
+    Recipe r = recipe;
+    r.state_placement = all.state_placement = recipe.device == "cpu" ? "mmap" : "host";
+    add("optimizer.state_placement=" + r.state_placement, r);
+  }
+  if (options.size() > 1) add("all of the above", all);
+  if (options.empty()) out << " (every technique is already on; lower train.batch_size or train.seq_len)";
+  for (const auto& [what, r] : options) {
+    const int64_t peak = estimate_training_memory(r, vocab_size).peak_bytes;
+    out << "\n  " << what << ": " << io::human_bytes(peak) << (peak <= limit_bytes ? "  (fits)" : "");
+  }
+  return out.str();
 }
 
 }  // namespace train

@@ -207,6 +207,14 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
   // The tracker keeps counters only, so a long run costs no memory for its timeline.
   auto tracker = memory::Tracker::create(options.keep_events());
   result.tracker = tracker;
+  if (options.memory_limit() > 0) tracker->set_limit(options.memory_limit());
+  // Stops the run (a safe point: between phases) once the limit was crossed or an allocation failed.
+  auto check_limit = [&]() {
+    const auto report = tracker->limit_report();
+    if (report.exceeded) {
+      throw MemoryLimitExceeded(explain_memory_limit(r, cfg.vocab_size, report, options.memory_limit()));
+    }
+  };
   memory::TrackingGuard tracking(tracker);
 
   torch::manual_seed(static_cast<uint64_t>(r.seed));
@@ -315,17 +323,26 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
     if (step == start + 1) tracker->reset_peak();  // the first step also creates the optimizer state
     const auto [x, y] = batch(step);
     at::Tensor loss;
-    {
-      memory::PhaseScope fw(memory::Phase::forward);
-      loss = model->loss(x, y, loss_options);
-    }
-    {
-      memory::PhaseScope bw(memory::Phase::backward);
-      opt.backward(loss);
-    }
-    {
-      memory::PhaseScope op(memory::Phase::optimizer);
-      opt.step();
+    try {
+      {
+        memory::PhaseScope fw(memory::Phase::forward);
+        loss = model->loss(x, y, loss_options);
+      }
+      check_limit();
+      {
+        memory::PhaseScope bw(memory::Phase::backward);
+        opt.backward(loss);
+      }
+      check_limit();
+      {
+        memory::PhaseScope op(memory::Phase::optimizer);
+        opt.step();
+      }
+      check_limit();
+    } catch (const c10::Error& e) {
+      // The allocator ran out: it told the tracker what was asked for; explain with that.
+      check_limit();
+      throw;
     }
     opt.zero_grad();
     sched.step();

@@ -120,6 +120,16 @@ expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t2" --vocab-
 expect 0 "cats" -- tokenizer encode "$tmp/t2.model" "cats and dogs"
 expect 2 "cannot be loaded" -- tokenizer encode "$tmp/corpus/f" "x"
 
+# A memory limit: the run stops cleanly, says what holds the memory and which techniques fit.
+"$frugal" train tiny "${common[@]}" train.steps=8 train.out_dir="$tmp/limited" --memory-limit 4MiB >"$tmp/out" 2>"$tmp/err"
+got=$?
+if [ "$got" = 1 ] && grep -q "the memory limit of 4.00 MiB was exceeded at step" "$tmp/err" && grep -q "activation" "$tmp/err" \
+   && grep -q "memory.checkpointing=full: .*(fits)" "$tmp/err"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL: memory limit (exit $got)"; cat "$tmp/err"; failed=$((failed + 1))
+fi
+
 # Allocation trace -> PyTorch memory-viewer snapshot, read back with Python's pickle.
 expect 0 "events" -- account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --json-out "$tmp/t.json" --trace-out "$tmp/trace.json"
 expect 0 "wrote" -- report "$tmp/trace.json" --memory-viz "$tmp/snap.pickle"

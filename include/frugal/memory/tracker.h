@@ -78,6 +78,20 @@ class Tracker {
   // on counts toward the maxima.
   PeakReport peak_report(std::optional<c10::Device> device = std::nullopt) const;
 
+  // A live-bytes limit: the first allocation that takes the total above it (or an allocation the
+  // allocator reports as failed) records what each category held at that moment. Nothing is
+  // stopped here; the caller checks limit_report() at a safe point.
+  void set_limit(int64_t bytes);
+  struct LimitReport {
+    bool exceeded = false;
+    bool allocation_failed = false;  // the allocator ran out, rather than the limit
+    int64_t live_bytes = 0, requested_bytes = 0, step = -1;
+    Phase phase = Phase::idle;
+    CategoryBytes by_category{};
+  };
+  LimitReport limit_report() const;
+  void on_out_of_memory(int64_t requested_bytes, Phase phase);
+
   std::vector<MemoryEvent> events() const;
   std::vector<c10::Device> devices() const;
   // Frees of memory allocated before tracking began (ignored in every count).
@@ -127,6 +141,8 @@ class Tracker {
   int64_t total_live_ = 0;
   int64_t peak_ = 0;
   int64_t peak_since_us_ = 0;
+  int64_t limit_ = 0;
+  LimitReport limit_report_;
   size_t peak_since_event_ = 0;  // events before this index only build up the live state
   int64_t next_scope_ = 1;
   std::atomic<int64_t> untracked_frees_{0};

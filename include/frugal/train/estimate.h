@@ -32,5 +32,11 @@ MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size
 // The same job with every memory technique off: no checkpointing, plain loss, optimizer after backward.
 Recipe without_techniques(const Recipe& recipe);
 
+// What to say when a run crosses a memory limit: what each category held at that moment, and each
+// of frugal's techniques not yet on (and all of them together) with the estimated peak it would
+// give, marked when it fits under the limit.
+std::string explain_memory_limit(const Recipe& recipe, int64_t vocab_size, const memory::Tracker::LimitReport& report,
+                                 int64_t limit_bytes);
+
 }  // namespace train
 }  // namespace frugal

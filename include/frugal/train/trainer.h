@@ -29,6 +29,13 @@ struct TrainOptions {
   TORCH_ARG(bool, sample) = true;         // generate from train.sample_prompt at the end
   TORCH_ARG(int64_t, stop_after) = -1;    // stop (with a checkpoint) once this step is done; -1: train.steps
   TORCH_ARG(bool, keep_events) = false;   // keep the allocation timeline (exact categories; memory grows with the run)
+  TORCH_ARG(int64_t, memory_limit) = 0;   // bytes; > 0: stop with an explanation once live memory exceeds it
+};
+
+// Thrown when the run crossed options.memory_limit or the allocator ran out; what() explains which
+// categories held the memory and which techniques would fit.
+struct MemoryLimitExceeded : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 struct TrainResult {
