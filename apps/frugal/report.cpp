@@ -16,7 +16,7 @@ int run_report(int argc, char** argv) {
   Args args("report",
             "Converts an allocation trace written with --trace-out. --memory-viz writes the pickle that\n"
             "PyTorch's memory viewer (pytorch.org/memory_viz) opens: every allocation with its category.");
-  args.add_positional("TRACE", &trace_path, "a trace written by frugal account --trace-out");
+  args.add_positional("TRACE", &trace_path, "a trace written by frugal account or frugal train with --trace-out");
   args.add_string("memory-viz", &viz_out, "write a snapshot pickle for PyTorch's memory viewer", "FILE");
   if (!args.parse(argc, argv, 2)) return 0;
   if (viz_out.empty()) throw UsageError("nothing to write: give --memory-viz FILE");

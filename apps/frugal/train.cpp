@@ -68,6 +68,7 @@ int run_train(int argc, char** argv) {
   bool resume = false, dry_run = false, list_keys = false;
   std::string progress = "auto";
   int64_t memory_limit = -1;
+  std::string trace_out;
   Args args("train",
             "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
             "default, llama2-7b). Any recipe key can be overridden as section.key=value.");
@@ -78,6 +79,9 @@ int run_train(int argc, char** argv) {
   args.add_string("json-out", &json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
   args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
   args.add_flag("list-keys", &list_keys, "print every recipe key and stop");
+  args.add_string("trace-out", &trace_out,
+                  "write the allocation timeline (JSON, for frugal report); it grows with the run, so use it on short runs",
+                  "FILE");
   args.add_bytes("memory-limit", &memory_limit,
                  "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit");
   // RECIPE is optional with --list-keys
@@ -131,7 +135,10 @@ int run_train(int argc, char** argv) {
   train::TrainResult result;
   try {
     result = train::run_training(
-        recipe, train::TrainOptions().resume(resume).progress_bar(bar).memory_limit(std::max<int64_t>(0, memory_limit)), log);
+        recipe,
+        train::TrainOptions().resume(resume).progress_bar(bar).memory_limit(std::max<int64_t>(0, memory_limit)).keep_events(
+            !trace_out.empty()),
+        log);
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   } catch (const train::MemoryLimitExceeded& e) {
@@ -151,6 +158,12 @@ int run_train(int argc, char** argv) {
   summary << "checkpoint: " << result.checkpoint << "\n";
   if (!result.sample.empty()) summary << "sample: " << result.sample << "\n";
   std::cout << summary.str();
+  if (!trace_out.empty()) {
+    std::ostringstream trace;
+    result.tracker->write_timeline_json(trace);
+    write_output(trace_out, trace.str());
+    std::cout << "wrote " << trace_out << " (" << result.tracker->events().size() << " events)\n";
+  }
   if (!json_out.empty()) {
     std::ostringstream json;
     io::JsonWriter w(json);

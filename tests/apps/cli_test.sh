@@ -155,6 +155,8 @@ assert blocks == live, "segments disagree with the trace"
 PY
 then pass=$((pass + 1)); else echo "FAIL: memory-viz snapshot"; failed=$((failed + 1)); fi
 expect 2 "nothing to write" -- report "$tmp/trace.json"
+expect 0 "events" -- train tiny "${common[@]}" train.steps=8 train.out_dir="$tmp/traced" --trace-out "$tmp/train_trace.json"
+expect 0 "wrote" -- report "$tmp/train_trace.json" --memory-viz "$tmp/train_snap.pickle"
 printf '{"events": [{"time_us": 1}]}' > "$tmp/bad_trace.json"
 expect 2 "missing key 'action'" -- report "$tmp/bad_trace.json" --memory-viz "$tmp/x.pickle"
 
