@@ -68,7 +68,7 @@ int run_train(int argc, char** argv) {
   bool resume = false, dry_run = false, list_keys = false;
   std::string progress = "auto";
   int64_t memory_limit = -1;
-  std::string trace_out;
+  std::string trace_out, trace_steps;
   Args args("train",
             "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
             "default, llama2-7b). Any recipe key can be overridden as section.key=value.");
@@ -131,13 +131,24 @@ int run_train(int argc, char** argv) {
   }
 
   warn_if_slow_blas();
+  std::vector<int64_t> capture;
+  if (!trace_steps.empty()) {
+    std::stringstream list(trace_steps);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || *end || v < 0) throw UsageError("--trace-steps takes step numbers separated by commas, got '" + trace_steps + "'");
+      capture.push_back(v);
+    }
+  }
   const bool bar = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
   train::TrainResult result;
   try {
     result = train::run_training(
         recipe,
         train::TrainOptions().resume(resume).progress_bar(bar).memory_limit(std::max<int64_t>(0, memory_limit)).keep_events(
-            !trace_out.empty()),
+            !trace_out.empty()).capture_steps(capture),
         log);
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());

@@ -11,6 +11,8 @@ namespace frugal {
 namespace memory {
 namespace {
 
+constexpr size_t kNotRecorded = static_cast<size_t>(-1);  // an allocation outside the captured steps
+
 // The total_allocated/total_reserved parameter types of reportMemoryUsage changed between LibTorch
 // 1.13 (int64_t) and 2.x (size_t); read them off the base class so one override fits both.
 template <typename F>
@@ -118,8 +120,9 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   }
   const int64_t step = step_.load();
   if (size > 0) {
-    live_.insert_or_assign(ptr, Allocation{size, events_.size(), scope_id, category, device});
-    if (keep_events_) {
+    const bool record = capturing();
+    live_.insert_or_assign(ptr, Allocation{size, record ? events_.size() : kNotRecorded, scope_id, category, device});
+    if (record) {
       events_.push_back(MemoryEvent{t, Action::alloc, size, category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
     }
     dev->live += size;
@@ -133,6 +136,10 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
     if (total_live_ > peak_) {
       peak_ = total_live_;
       live_breakdown_at_peak_ = category_live_;
+    }
+    if (total_live_ > current_summary_.peak_bytes) {
+      current_summary_.peak_bytes = total_live_;
+      current_summary_.breakdown = category_live_;
     }
     return;
   }
@@ -150,9 +157,9 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   if (open_scopes_.count(a.scope_id)) {
     // Made and freed inside the same scope: a temporary, in the timeline too.
     final_category = Category::temporary;
-    if (keep_events_) events_[a.event_index].category = Category::temporary;
+    if (a.event_index != kNotRecorded) events_[a.event_index].category = Category::temporary;
   }
-  if (keep_events_) {
+  if (a.event_index != kNotRecorded) {  // its allocation is in the timeline, so its free is too
     events_.push_back(MemoryEvent{t, Action::free, a.bytes, final_category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
   }
 }
@@ -173,7 +180,7 @@ bool Tracker::retag(const void* ptr, Category category) {
   category_live_[static_cast<int>(category)] += a.bytes;
   a.category = category;
   a.scope_id = 0;  // no scope: never reclassified as temporary
-  if (keep_events_) events_[a.event_index].category = category;
+  if (a.event_index != kNotRecorded) events_[a.event_index].category = category;
   return true;
 }
 
@@ -185,14 +192,37 @@ void Tracker::close_scope(int64_t id) {
 void Tracker::mark(Action action, Phase phase) {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!keep_events_) return;
+  if (!capturing()) return;
   events_.push_back(
       MemoryEvent{t, action, 0, default_category(phase), phase, c10::Device(c10::kCPU), 0, step_.load()});
 }
 
 void Tracker::mark_step(int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (current_summary_.step >= 0) summaries_.push_back(current_summary_);
+    current_summary_ = StepSummary{step, total_live_, category_live_};
+  }
   step_.store(step);
   mark(Action::step, Phase::idle);
+}
+
+bool Tracker::capturing() const {
+  if (!keep_events_) return false;
+  return capture_steps_.empty() || std::binary_search(capture_steps_.begin(), capture_steps_.end(), step_.load());
+}
+
+void Tracker::set_capture_steps(std::vector<int64_t> steps) {
+  std::sort(steps.begin(), steps.end());
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_steps_ = std::move(steps);
+}
+
+std::vector<Tracker::StepSummary> Tracker::step_summaries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<StepSummary> out = summaries_;
+  if (current_summary_.step >= 0) out.push_back(current_summary_);
+  return out;
 }
 
 void Tracker::set_limit(int64_t bytes) {
@@ -248,7 +278,7 @@ void Tracker::reset_peak() {
 PeakReport Tracker::peak_report(std::optional<c10::Device> device) const {
   std::lock_guard<std::mutex> lock(mutex_);
   PeakReport r;
-  if (!keep_events_) {
+  if (!keep_events_ || !capture_steps_.empty()) {  // no full timeline to replay: the live maxima
     r.peak_bytes = peak_;
     r.breakdown = live_breakdown_at_peak_;
     r.max_by_category = live_max_by_category_;
@@ -301,6 +331,13 @@ void Tracker::write_timeline_json(std::ostream& out) const {
   io::JsonWriter w(out, 0);
   w.begin_object().key("categories").begin_array();
   for (Category c : kAllCategories) w.value(category_name(c));
+  w.end_array().key("steps").begin_array();
+  for (const StepSummary& s : step_summaries()) {
+    out << '\n';
+    w.begin_object().key("step").value(s.step).key("peak_bytes").value(s.peak_bytes).key("breakdown").begin_object();
+    for (Category c : kAllCategories) w.key(category_name(c)).value(s.breakdown[static_cast<int>(c)]);
+    w.end_object().end_object();
+  }
   w.end_array().key("events").begin_array();
   for (const MemoryEvent& e : evs) {
     out << '\n';

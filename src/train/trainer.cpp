@@ -207,6 +207,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
   // The tracker keeps counters only, so a long run costs no memory for its timeline.
   auto tracker = memory::Tracker::create(options.keep_events());
   result.tracker = tracker;
+  tracker->set_capture_steps(options.capture_steps());
   if (options.memory_limit() > 0) tracker->set_limit(options.memory_limit());
   // Stops the run (a safe point: between phases) once the limit was crossed or an allocation failed.
   auto check_limit = [&]() {

@@ -155,7 +155,12 @@ assert blocks == live, "segments disagree with the trace"
 PY
 then pass=$((pass + 1)); else echo "FAIL: memory-viz snapshot"; failed=$((failed + 1)); fi
 expect 2 "nothing to write" -- report "$tmp/trace.json"
-expect 0 "events" -- train tiny "${common[@]}" train.steps=8 train.out_dir="$tmp/traced" --trace-out "$tmp/train_trace.json"
+expect 0 "events" -- train tiny "${common[@]}" train.steps=8 train.out_dir="$tmp/traced" --trace-out "$tmp/train_trace.json" --trace-steps 2,3
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d["steps"]) == 8 and {e["step"] for e in d["events"] if e["action"] == "alloc"} <= {2, 3}' "$tmp/train_trace.json"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL: bounded capture"; failed=$((failed + 1))
+fi
 expect 0 "wrote" -- report "$tmp/train_trace.json" --memory-viz "$tmp/train_snap.pickle"
 printf '{"events": [{"time_us": 1}]}' > "$tmp/bad_trace.json"
 expect 2 "missing key 'action'" -- report "$tmp/bad_trace.json" --memory-viz "$tmp/x.pickle"

@@ -226,3 +226,28 @@ TEST(Tracker, TimelineJsonHasOneRecordPerEvent) {
   for (size_t pos = json.find("\"time_us\""); pos != std::string::npos; pos = json.find("\"time_us\"", pos + 1)) ++records;
   EXPECT_EQ(records, tracker->events().size());
 }
+
+TEST(Tracker, BoundedCaptureKeepsChosenStepsAndSummarisesEveryStep) {
+  auto tracker = memory::Tracker::create();
+  tracker->set_capture_steps({1});
+  memory::TrackingGuard on(tracker);
+  at::Tensor kept;
+  for (int step = 0; step < 4; ++step) {
+    memory::mark_step(step);
+    at::Tensor a = at::empty({100 * (step + 1)});  // step s peaks at 400 * (s + 1) bytes above the kept one
+    if (step == 1) kept = at::empty({10});
+  }
+  kept.reset();  // freed in step 3: its alloc was captured, so its free is too
+  for (const auto& e : tracker->events()) EXPECT_EQ(e.step, e.action == memory::Action::free && e.bytes == 40 ? 3 : 1);
+  int allocs = 0;
+  for (const auto& e : tracker->events()) allocs += e.action == memory::Action::alloc;
+  EXPECT_EQ(allocs, 2);
+  const auto steps = tracker->step_summaries();
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_EQ(steps[0].peak_bytes, 400);
+  EXPECT_EQ(steps[2].peak_bytes, 40 + 1200);
+  EXPECT_EQ(steps[3].peak_bytes, 40 + 1600);
+  std::ostringstream json;
+  tracker->write_timeline_json(json);
+  EXPECT_NE(json.str().find("\"peak_bytes\": 1640"), std::string::npos);
+}

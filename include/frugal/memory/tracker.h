@@ -92,13 +92,24 @@ class Tracker {
   LimitReport limit_report() const;
   void on_out_of_memory(int64_t requested_bytes, Phase phase);
 
+  // Bounded capture for long runs: keep full events only while the current step (mark_step) is
+  // one of these (all steps when empty); every step still gets a summary.
+  void set_capture_steps(std::vector<int64_t> steps);
+  struct StepSummary {
+    int64_t step = -1;
+    int64_t peak_bytes = 0;            // highest live total during the step
+    CategoryBytes breakdown{};         // at that moment (categories as tagged then)
+  };
+  std::vector<StepSummary> step_summaries() const;  // steps closed so far, and the current one
+
   std::vector<MemoryEvent> events() const;
   std::vector<c10::Device> devices() const;
   // Frees of memory allocated before tracking began (ignored in every count).
   int64_t untracked_frees() const { return untracked_frees_.load(); }
   int64_t current_step() const { return step_.load(); }
 
-  // Writes {"categories": [...], "events": [{time_us, action, bytes, category, phase, device, step, addr}...]}.
+  // Writes {"categories": [...], "steps": [{step, peak_bytes, breakdown}...],
+  //         "events": [{time_us, action, bytes, category, phase, device, step, addr}...]}.
   void write_timeline_json(std::ostream& out) const;
 
   // --- called by the reporters and scopes; not for users ---
@@ -143,6 +154,10 @@ class Tracker {
   int64_t peak_since_us_ = 0;
   int64_t limit_ = 0;
   LimitReport limit_report_;
+  std::vector<int64_t> capture_steps_;   // sorted; empty: every step
+  std::vector<StepSummary> summaries_;   // closed steps
+  StepSummary current_summary_;
+  bool capturing() const;
   size_t peak_since_event_ = 0;  // events before this index only build up the live state
   int64_t next_scope_ = 1;
   std::atomic<int64_t> untracked_frees_{0};

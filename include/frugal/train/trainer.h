@@ -30,6 +30,7 @@ struct TrainOptions {
   TORCH_ARG(int64_t, stop_after) = -1;    // stop (with a checkpoint) once this step is done; -1: train.steps
   TORCH_ARG(bool, keep_events) = false;   // keep the allocation timeline (exact categories; memory grows with the run)
   TORCH_ARG(int64_t, memory_limit) = 0;   // bytes; > 0: stop with an explanation once live memory exceeds it
+  TORCH_ARG(std::vector<int64_t>, capture_steps) = {};  // with keep_events: full events only for these steps
 };
 
 // Thrown when the run crossed options.memory_limit or the allocator ran out; what() explains which
