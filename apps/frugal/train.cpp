@@ -80,10 +80,13 @@ int run_train(int argc, char** argv) {
   args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
   args.add_flag("list-keys", &list_keys, "print every recipe key and stop");
   args.add_string("trace-out", &trace_out,
-                  "write the allocation timeline (JSON, for frugal report); it grows with the run, so use it on short runs",
+                  "write the allocation timeline (JSON, for frugal report); bound it on long runs with --trace-steps",
                   "FILE");
   args.add_bytes("memory-limit", &memory_limit,
                  "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit");
+  args.add_string("trace-steps", &trace_steps,
+                  "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary",
+                  "LIST");
   // RECIPE is optional with --list-keys
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--list-keys") {
