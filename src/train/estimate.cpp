@@ -17,6 +17,9 @@ Recipe without_techniques(const Recipe& recipe) {
   r.chunked_loss = false;
   r.in_backward = false;
   if (r.clip == "global_norm_two_pass") r.clip = "global_norm";
+  r.state_precision = "fp32";
+  r.state_placement = "device";
+  r.stochastic_rounding = false;
   return r;
 }
 

@@ -29,7 +29,8 @@ struct MemoryEstimate {
 
 MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size);
 
-// The same job with every memory technique off: no checkpointing, plain loss, optimizer after backward.
+// The same job with every memory technique off: no checkpointing, plain loss, optimizer after
+// backward, fp32 optimizer state on the device.
 Recipe without_techniques(const Recipe& recipe);
 
 // What to say when a run crosses a memory limit: what each category held at that moment, and each
