@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/safetensors.h"
@@ -16,19 +17,6 @@
 namespace frugal {
 namespace models {
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument(path + ": cannot open");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-bool file_exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 // GPT-2 stores its Linear weights as Conv1D (in, out).
 bool is_conv1d(const std::string& arch, const std::string& name) {
@@ -45,7 +33,7 @@ bool is_conv1d(const std::string& arch, const std::string& name) {
 DecoderConfig read_hf_config(const std::string& path) {
   io::JsonValue j;
   try {
-    j = io::parse_json(read_text(path));
+    j = io::parse_json(io::read_file(path));
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(path + ": " + e.what());
   }
@@ -131,10 +119,10 @@ void load_hf_weights(DecoderImpl& model, const std::string& dir) {
   std::map<std::string, std::string> where;
   const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
   std::vector<std::string> files;
-  if (file_exists(index)) {
+  if (io::is_regular_file(index)) {
     io::JsonValue j;
     try {
-      j = io::parse_json(read_text(index));
+      j = io::parse_json(io::read_file(index));
       for (const auto& [name, file] : j.at("weight_map").members()) {
         const std::string& f = file.as_string();
         if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
@@ -145,7 +133,7 @@ void load_hf_weights(DecoderImpl& model, const std::string& dir) {
     } catch (const io::JsonError& e) {
       throw std::invalid_argument(index + ": " + e.what());
     }
-  } else if (!file_exists(single)) {
+  } else if (!io::is_regular_file(single)) {
     throw std::invalid_argument(dir + ": no model.safetensors or model.safetensors.index.json");
   }
   std::map<std::string, std::unique_ptr<io::SafetensorsReader>> readers;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/safetensors.h"
@@ -21,14 +22,6 @@
 namespace frugal {
 namespace train {
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument(path + " cannot be read");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 void remove_tree(const std::string& path) {
   DIR* dir = ::opendir(path.c_str());
@@ -47,20 +40,6 @@ void remove_tree(const std::string& path) {
     ::closedir(dir);
   }
   ::rmdir(path.c_str());
-}
-
-void make_dirs(const std::string& path) {
-  std::string partial;
-  std::stringstream parts(path);
-  std::string piece;
-  if (!path.empty() && path[0] == '/') partial = "/";
-  while (std::getline(parts, piece, '/')) {
-    if (piece.empty()) continue;
-    partial += piece + "/";
-    ::mkdir(partial.c_str(), 0755);
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw std::runtime_error("cannot create folder " + path);
 }
 
 std::string step_name(int64_t step) {
@@ -102,12 +81,12 @@ void rng_state_from_hex(const std::string& hex) {
 std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model,
                            const optim::Optimizer& optimizer, const std::string& recipe_yaml,
                            const std::string& tokenizer_path, int64_t keep) {
-  make_dirs(out_dir);
+  io::make_directories(out_dir);
   const std::string name = step_name(state.step);
   const std::string final_dir = out_dir + "/" + name;
   const std::string tmp_dir = out_dir + "/." + name + ".tmp-" + std::to_string(::getpid());
   remove_tree(tmp_dir);
-  make_dirs(tmp_dir);
+  io::make_directories(tmp_dir);
   models::save_hf_checkpoint(model, tmp_dir);
   std::vector<std::pair<std::string, at::Tensor>> opt;
   for (const auto& [k, v] : optimizer.state_dict()) opt.emplace_back(k, v);
@@ -122,7 +101,7 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
       .end_object();
   io::write_file_atomic(tmp_dir + "/trainer_state.json", json.str());
   io::write_file_atomic(tmp_dir + "/recipe.yaml", recipe_yaml);
-  if (!tokenizer_path.empty()) io::write_file_atomic(tmp_dir + "/tokenizer.model", read_text(tokenizer_path));
+  if (!tokenizer_path.empty()) io::write_file_atomic(tmp_dir + "/tokenizer.model", io::read_file(tokenizer_path));
   io::sync_directory(tmp_dir);
   remove_tree(final_dir);  // a same-step folder left by an earlier attempt
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) throw std::runtime_error("cannot move " + tmp_dir + " into place");
@@ -162,7 +141,7 @@ RunState read_trainer_state(const std::string& checkpoint_dir) {
   const std::string path = checkpoint_dir + "/trainer_state.json";
   RunState s;
   try {
-    const io::JsonValue j = io::parse_json(read_text(path));
+    const io::JsonValue j = io::parse_json(io::read_file(path));
     s.step = j.at("step").as_int();
     s.schedule_step = j.at("schedule_step").as_int();
     s.last_loss = j.at("last_loss").is_null() ? 0.0 : j.at("last_loss").as_double();

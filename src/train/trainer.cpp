@@ -12,6 +12,7 @@
 #include "frugal/checkpoint/planner.h"
 #include "frugal/data/corpus.h"
 #include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/units.h"
@@ -24,24 +25,6 @@ namespace train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-bool exists(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0;
-}
-
-void make_parent(const std::string& path) {
-  std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
-  std::string partial;
-  std::stringstream parts(dir);
-  std::string piece;
-  if (!dir.empty() && dir[0] == '/') partial = "/";
-  while (std::getline(parts, piece, '/')) {
-    if (piece.empty()) continue;
-    partial += piece + "/";
-    ::mkdir(partial.c_str(), 0755);
-  }
-}
 
 optim::OptimizerOptions optimizer_options(const Recipe& r) {
   optim::OptimizerOptions o;
@@ -118,7 +101,7 @@ PreparedData prepare_data(const Recipe& r, const std::function<void(const std::s
     return docs;
   };
   if (p.tokenizer_path.empty()) throw RecipeError("data.tokenizer must be set");
-  if (!exists(p.tokenizer_path)) {
+  if (!io::path_exists(p.tokenizer_path)) {
     const std::string suffix = ".model";
     if (p.tokenizer_path.size() <= suffix.size() ||
         p.tokenizer_path.compare(p.tokenizer_path.size() - suffix.size(), suffix.size(), suffix) != 0) {
@@ -126,7 +109,7 @@ PreparedData prepare_data(const Recipe& r, const std::function<void(const std::s
     }
     const int64_t vocab = r.model.vocab_size > 0 ? r.model.vocab_size : 4096;
     log("training a " + std::to_string(vocab) + "-piece tokenizer into " + p.tokenizer_path);
-    make_parent(p.tokenizer_path);
+    io::make_directories(io::parent_path(p.tokenizer_path));
     // Trained under a temporary name and renamed, so a concurrent run never reads half a file.
     const std::string prefix = p.tokenizer_path.substr(0, p.tokenizer_path.size() - suffix.size());
     const std::string tmp_prefix = prefix + ".tmp-" + std::to_string(::getpid());
@@ -142,14 +125,14 @@ PreparedData prepare_data(const Recipe& r, const std::function<void(const std::s
     throw RecipeError("model.vocab_size " + std::to_string(r.model.vocab_size) + " differs from the tokenizer's " +
                       std::to_string(p.vocab_size) + " (set model.vocab_size=0 to take the tokenizer's)");
   }
-  bool fresh = !exists(p.tokens_path);
+  bool fresh = !io::path_exists(p.tokens_path);
   if (!fresh) {
     data::TokenFile f(p.tokens_path);
     fresh = f.vocab_size() != p.vocab_size;
     if (fresh) log(p.tokens_path + " was made with another tokenizer: remaking it");
   }
   if (fresh) {
-    make_parent(p.tokens_path);
+    io::make_directories(io::parent_path(p.tokens_path));
     const int64_t n = data::tokenize_corpus(corpus(), tok, p.tokens_path);
     log("tokenized the corpus into " + std::to_string(n) + " tokens: " + p.tokens_path);
   }
@@ -272,7 +255,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
   // Resume.
   int64_t start = 0;
   const std::string metrics_path = r.out_dir + "/metrics.jsonl";
-  make_parent(metrics_path);
+  io::make_directories(io::parent_path(metrics_path));
   if (options.resume()) {
     const std::string latest = latest_checkpoint(r.out_dir);
     if (!latest.empty()) {
