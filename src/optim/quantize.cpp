@@ -5,6 +5,13 @@
 #include <cmath>
 #include <ATen/Parallel.h>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FRUGAL_X86_KERNELS 1
+#include <immintrin.h>
+#else
+#define FRUGAL_X86_KERNELS 0
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -68,9 +75,19 @@ SharedMap shared_map(bool is_signed, int bits, at::Device device) {
   if (!entry.map.defined()) {
     const at::Tensor map = dynamic_code_map(is_signed, bits);
     const at::Tensor boundaries = ((map.narrow(0, 1, map.size(0) - 1) + map.narrow(0, 0, map.size(0) - 1)) / 2).contiguous();
-    // Every 16-bit prefix of an fp32 value (its bf16 truncation), and its code.
-    const at::Tensor prefixes = (at::arange(65536, at::kInt) * 65536).view(at::kFloat);
-    const at::Tensor lut = at::searchsorted(boundaries, prefixes.nan_to_num(0.0).clamp(-1.0, 1.0)).to(at::kByte);
+    // The code of the lowest value of every cell of fp32 values sharing their top 17 bits (sign,
+    // exponent, 8 mantissa bits: 0.4% wide relative to the value). Each cell holds at most one
+    // midpoint (checked here), so one comparison with the next midpoint finishes the search.
+    const at::Tensor prefix = at::arange(1 << 17, at::kInt);
+    const at::Tensor low_bits = prefix * (1 << 15), high_bits = low_bits + ((1 << 15) - 1);  // bits of either end
+    const at::Tensor negative = prefix >= (1 << 16);
+    auto codes_of = [&](const at::Tensor& bits) {
+      return at::searchsorted(boundaries, bits.view(at::kFloat).nan_to_num(0.0).clamp(-1.0, 1.0));
+    };
+    const at::Tensor at_low = codes_of(at::where(negative, high_bits, low_bits));   // the cell's lowest value
+    const at::Tensor at_high = codes_of(at::where(negative, low_bits, high_bits));  // and highest
+    TORCH_CHECK((at_high - at_low).max().item<int64_t>() <= 1, "code map: a 17-bit cell holds two midpoints");
+    const at::Tensor lut = at_low.to(at::kByte);
     entry = {map.to(device), boundaries.to(device), lut};
     // Constant tables shared by every buffer of the process: not any one optimizer's state.
     for (const at::Tensor* t : {&entry.map, &entry.boundaries, &entry.lut}) memory::tag(*t, memory::Category::other);
@@ -162,100 +179,277 @@ namespace frugal {
 namespace optim {
 namespace {
 
-// The code of x (already normalized): the table's guess, corrected to searchsorted's answer. The
-// guess comes from x's top 16 bits, off by at most one entry (a bf16 step is far finer than the
-// map's gaps relative to the value), so one branch-free step each way settles it.
-inline uint8_t nearest_code(float x, const uint8_t* lut, const float* boundaries, int64_t n_boundaries) {
+// Everything one block of the fused step needs: the step's constants in fp32 and the buffers.
+struct BlockStep {
+  float b1, b2, one_b1, one_b2, eps, wd, decay, sqrt_bc2, step;
+  bool decoupled;
+  float* p;        // the parameter's elements [begin, end)
+  const float* g;  // its gradient, the same range
+  int64_t begin, numel, block;
+  uint8_t *mc, *vc;  // codes
+  float *ma, *va;    // block scales
+  const float *mmap, *vmap, *mb, *vb;
+  const uint8_t *mlut, *vlut;
+  int mnb, vnb;  // boundaries per map
+};
+
+// The code of the map entry nearest x (already normalized to [-1, 1]), as searchsorted over the
+// midpoints gives it: the table's code for the lowest value of x's cell, plus one if x is above the
+// one midpoint the cell may hold.
+inline uint8_t nearest_code(float x, const uint8_t* lut, const float* boundaries, int n_boundaries) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
-  int64_t code = lut[bits >> 16];
-  code += (code < n_boundaries && boundaries[code] < x);
-  code -= (code > 0 && boundaries[code - 1] >= x);
-  return static_cast<uint8_t>(code);
+  const int code = lut[bits >> 15];
+  return static_cast<uint8_t>(code + (code < n_boundaries && boundaries[code] < x));
+}
+
+// The three parts of a block's step. Table look-ups are plain loads: on the processors we measured
+// (AMD EPYC) vector gathers were slower than scalar loads, so the look-ups stay scalar and only the
+// arithmetic is vectorised. The AVX2 arithmetic below does the same fp32 operations in the same
+// order as the portable one, so both give identical bits.
+
+// Codes (one byte each; 4-bit codes unpacked first) to values of the map, before scaling.
+__attribute__((noinline)) void decode_block(const uint8_t* codes, const float* map, float* out, int64_t count) {
+  for (int64_t j = 0; j < count; ++j) out[j] = map[codes[j]];
+}
+
+// Normalized values to codes, one byte each.
+__attribute__((noinline)) void encode_block(const float* x, const uint8_t* lut, const float* boundaries, int n_boundaries,
+                                            uint8_t* codes, int64_t count) {
+  for (int64_t j = 0; j < count; ++j) codes[j] = nearest_code(x[j], lut, boundaries, n_boundaries);
+}
+
+void unpack_nibbles_portable(const uint8_t* packed, uint8_t* out, int64_t count) {
+  for (int64_t j = 0; j < count; j += 2) {
+    out[j] = packed[j / 2] & 15;
+    out[j + 1] = packed[j / 2] >> 4;
+  }
+}
+
+void pack_nibbles_portable(const uint8_t* codes, uint8_t* packed, int64_t count) {
+  for (int64_t j = 0; j < count; j += 2) packed[j / 2] = static_cast<uint8_t>(codes[j] | (codes[j + 1] << 4));
+}
+
+// The arithmetic of one block, one element at a time: m and v hold the decoded map values on entry
+// and the normalized new moments on return; the block's scales are updated.
+void update_block_portable(const BlockStep& s, int64_t b, float* m, float* v, int64_t count) {
+  const float am = s.ma[b], av = s.va[b];
+  float* p = s.p + (b * s.block - s.begin);
+  const float* g = s.g + (b * s.block - s.begin);
+  float max_m = 0, max_v = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    float gj = g[j];
+    float pj = p[j];
+    if (s.decoupled) {
+      pj = pj * s.decay;
+    } else if (s.wd != 0) {
+      gj = gj + s.wd * pj;
+    }
+    const float mj = m[j] * am * s.b1 + s.one_b1 * gj;
+    const float vj = v[j] * av * s.b2 + s.one_b2 * gj * gj;
+    const float denom = std::sqrt(vj) / s.sqrt_bc2 + s.eps;
+    p[j] = pj + s.step * (mj / denom);
+    m[j] = mj;
+    v[j] = vj;
+    max_m = std::max(max_m, std::fabs(mj));
+    max_v = std::max(max_v, std::fabs(vj));
+  }
+  for (int64_t j = count; j < s.block; ++j) m[j] = v[j] = 0.0f;  // the short last block's padding
+  s.ma[b] = max_m;
+  s.va[b] = max_v;
+  const float inv_m = 1.0f / std::max(max_m, 1e-30f), inv_v = 1.0f / std::max(max_v, 1e-30f);
+  for (int64_t j = 0; j < s.block; ++j) {  // a NaN (from a NaN gradient) becomes the lower bound
+    m[j] = std::min(1.0f, std::max(-1.0f, m[j] * inv_m));
+    v[j] = std::min(1.0f, std::max(0.0f, v[j] * inv_v));
+  }
+}
+
+#if FRUGAL_X86_KERNELS
+#define FRUGAL_AVX2 __attribute__((target("avx2")))
+
+FRUGAL_AVX2 inline float horizontal_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// update_block_portable for a full block, 8 elements at a time.
+FRUGAL_AVX2 void update_block_avx2(const BlockStep& s, int64_t b, float* m, float* v) {
+  const __m256 am = _mm256_set1_ps(s.ma[b]), av = _mm256_set1_ps(s.va[b]);
+  const __m256 b1 = _mm256_set1_ps(s.b1), b2 = _mm256_set1_ps(s.b2), one_b1 = _mm256_set1_ps(s.one_b1);
+  const __m256 one_b2 = _mm256_set1_ps(s.one_b2), eps = _mm256_set1_ps(s.eps), wd = _mm256_set1_ps(s.wd);
+  const __m256 decay = _mm256_set1_ps(s.decay), sqrt_bc2 = _mm256_set1_ps(s.sqrt_bc2), step = _mm256_set1_ps(s.step);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 max_m = _mm256_setzero_ps(), max_v = _mm256_setzero_ps();
+  float* p = s.p + (b * s.block - s.begin);
+  const float* g = s.g + (b * s.block - s.begin);
+  for (int64_t j = 0; j < s.block; j += 8) {
+    __m256 gj = _mm256_loadu_ps(g + j), pj = _mm256_loadu_ps(p + j);
+    if (s.decoupled) {
+      pj = _mm256_mul_ps(pj, decay);
+    } else if (s.wd != 0) {
+      gj = _mm256_add_ps(gj, _mm256_mul_ps(wd, pj));
+    }
+    const __m256 mj = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(m + j), am), b1), _mm256_mul_ps(one_b1, gj));
+    const __m256 vj = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(v + j), av), b2),
+                                    _mm256_mul_ps(_mm256_mul_ps(one_b2, gj), gj));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vj), sqrt_bc2), eps);
+    _mm256_storeu_ps(p + j, _mm256_add_ps(pj, _mm256_mul_ps(step, _mm256_div_ps(mj, denom))));
+    _mm256_store_ps(m + j, mj);
+    _mm256_store_ps(v + j, vj);
+    // max(x, acc) keeps acc when x is NaN, as std::max(acc, x) does in the portable loop
+    max_m = _mm256_max_ps(_mm256_andnot_ps(sign, mj), max_m);
+    max_v = _mm256_max_ps(_mm256_andnot_ps(sign, vj), max_v);
+  }
+  const float hm = horizontal_max(max_m), hv = horizontal_max(max_v);
+  s.ma[b] = hm;
+  s.va[b] = hv;
+  const __m256 inv_m = _mm256_set1_ps(1.0f / std::max(hm, 1e-30f)), inv_v = _mm256_set1_ps(1.0f / std::max(hv, 1e-30f));
+  const __m256 one = _mm256_set1_ps(1.0f), minus_one = _mm256_set1_ps(-1.0f), zero = _mm256_setzero_ps();
+  for (int64_t j = 0; j < s.block; j += 8) {
+    // max(x, bound) gives bound for a NaN x, as std::max(bound, x) does
+    _mm256_store_ps(m + j, _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_load_ps(m + j), inv_m), minus_one), one));
+    _mm256_store_ps(v + j, _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_load_ps(v + j), inv_v), zero), one));
+  }
+}
+
+FRUGAL_AVX2 void unpack_nibbles_avx2(const uint8_t* packed, uint8_t* out, int64_t count) {
+  const __m128i low = _mm_set1_epi8(15);
+  for (int64_t j = 0; j < count; j += 32) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + j / 2));
+    const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 16), _mm_unpackhi_epi8(lo, hi));
+  }
+}
+
+FRUGAL_AVX2 void pack_nibbles_avx2(const uint8_t* codes, uint8_t* packed, int64_t count) {
+  const __m128i low = _mm_set1_epi16(0x000F), high = _mm_set1_epi16(0x00F0);
+  for (int64_t j = 0; j < count; j += 32) {
+    __m128i words[2];
+    for (int h = 0; h < 2; ++h) {  // 16-bit lanes: code 2k in the low byte, 2k + 1 in the high one
+      const __m128i pairs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j + 16 * h));
+      words[h] = _mm_or_si128(_mm_and_si128(pairs, low), _mm_and_si128(_mm_srli_epi16(pairs, 4), high));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j / 2), _mm_packus_epi16(words[0], words[1]));
+  }
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
+// One block: decode, update, encode. `vector`: a full block on a processor with AVX2.
+template <int Bits>
+void adam_block(const BlockStep& s, int64_t b, bool vector) {
+  const int64_t block = s.block, base = b * block, count = std::min(block, s.numel - base);
+  alignas(32) float m[256], v[256];
+  alignas(32) uint8_t mcodes[256] = {}, vcodes[256] = {};  // 4-bit codes, one per byte
+  const uint8_t *mc = s.mc + base, *vc = s.vc + base;
+  if (Bits == 4) {
+#if FRUGAL_X86_KERNELS
+    if (vector) {
+      unpack_nibbles_avx2(s.mc + base / 2, mcodes, block);
+      unpack_nibbles_avx2(s.vc + base / 2, vcodes, block);
+    } else
+#endif
+    {
+      unpack_nibbles_portable(s.mc + base / 2, mcodes, block);
+      unpack_nibbles_portable(s.vc + base / 2, vcodes, block);
+    }
+    mc = mcodes;
+    vc = vcodes;
+  }
+  decode_block(mc, s.mmap, m, count);
+  decode_block(vc, s.vmap, v, count);
+#if FRUGAL_X86_KERNELS
+  if (vector) {
+    update_block_avx2(s, b, m, v);
+  } else
+#endif
+  {
+    update_block_portable(s, b, m, v, count);
+  }
+  encode_block(m, s.mlut, s.mb, s.mnb, Bits == 8 ? s.mc + base : mcodes, block);
+  encode_block(v, s.vlut, s.vb, s.vnb, Bits == 8 ? s.vc + base : vcodes, block);
+  if (Bits == 4) {
+#if FRUGAL_X86_KERNELS
+    if (vector) {
+      pack_nibbles_avx2(mcodes, s.mc + base / 2, block);
+      pack_nibbles_avx2(vcodes, s.vc + base / 2, block);
+      return;
+    }
+#endif
+    pack_nibbles_portable(mcodes, s.mc + base / 2, block);
+    pack_nibbles_portable(vcodes, s.vc + base / 2, block);
+  }
 }
 
 template <int Bits>
-void adam_blocks(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin,
-                 int64_t end) {
-  const int64_t block = m.block(), first = begin / block, last = (end + block - 1) / block;
-  uint8_t* mc = m.codes().data_ptr<uint8_t>();
-  uint8_t* vc = v.codes().data_ptr<uint8_t>();
-  float* ma = m.absmax().data_ptr<float>();
-  float* va = v.absmax().data_ptr<float>();
-  const float *mmap = m.map_data(), *vmap = v.map_data();
-  const float *mb = m.boundary_data(), *vb = v.boundary_data();
-  const uint8_t *mlut = m.lut(), *vlut = v.lut();
-  const int64_t mnb = m.levels() - 1, vnb = v.levels() - 1;
-  const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2);
-  const float one_b1 = static_cast<float>(1 - h.beta1), one_b2 = static_cast<float>(1 - h.beta2);
-  const float eps = static_cast<float>(h.eps), wd = static_cast<float>(h.weight_decay);
-  const float decay = static_cast<float>(1 - h.lr * h.weight_decay);
-  const float sqrt_bc2 = static_cast<float>(std::sqrt(h.bias_correction2));
-  const float step = static_cast<float>(-h.lr / h.bias_correction1);
-  auto code_at = [](const uint8_t* codes, int64_t i) -> int {
-    if (Bits == 8) return codes[i];
-    const uint8_t byte = codes[i >> 1];
-    return (i & 1) ? (byte >> 4) : (byte & 15);
-  };
-  at::parallel_for(first, last, 64, [&](int64_t b0, int64_t b1_) {
-    std::vector<float> mt(static_cast<size_t>(block)), vt(static_cast<size_t>(block));
-    for (int64_t b = b0; b < b1_; ++b) {
-      const int64_t base = b * block;                       // element index in the parameter
-      const int64_t count = std::min(block, m.numel() - base);
-      const float am = ma[b], av = va[b];
-      float max_m = 0, max_v = 0;
-      for (int64_t j = 0; j < count; ++j) {
-        const int64_t i = base + j, k = i - begin;         // k: index into this range's p and g
-        float gj = g[k];
-        float pj = p[k];
-        if (h.decoupled) {
-          pj *= decay;
-        } else if (wd != 0) {
-          gj = gj + wd * pj;
-        }
-        const float mj = mmap[code_at(mc, i)] * am * b1 + one_b1 * gj;
-        const float vj = vmap[code_at(vc, i)] * av * b2 + one_b2 * gj * gj;
-        const float denom = std::sqrt(vj) / sqrt_bc2 + eps;
-        p[k] = pj + step * (mj / denom);
-        mt[static_cast<size_t>(j)] = mj;
-        vt[static_cast<size_t>(j)] = vj;
-        max_m = std::max(max_m, std::fabs(mj));
-        max_v = std::max(max_v, std::fabs(vj));
-      }
-      for (int64_t j = count; j < block; ++j) mt[static_cast<size_t>(j)] = vt[static_cast<size_t>(j)] = 0.0f;  // padding
-      ma[b] = max_m;
-      va[b] = max_v;
-      const float inv_m = 1.0f / std::max(max_m, 1e-30f), inv_v = 1.0f / std::max(max_v, 1e-30f);
-      for (int64_t j = 0; j < block; ++j) {
-        const float xm = std::min(1.0f, std::max(-1.0f, mt[static_cast<size_t>(j)] * inv_m));
-        const float xv = std::min(1.0f, std::max(0.0f, vt[static_cast<size_t>(j)] * inv_v));
-        const uint8_t cm = nearest_code(xm, mlut, mb, mnb), cv = nearest_code(xv, vlut, vb, vnb);
-        const int64_t i = base + j;
-        if (Bits == 8) {
-          mc[i] = cm;
-          vc[i] = cv;
-        } else if (i & 1) {
-          mc[i >> 1] = static_cast<uint8_t>((mc[i >> 1] & 15) | (cm << 4));
-          vc[i >> 1] = static_cast<uint8_t>((vc[i >> 1] & 15) | (cv << 4));
-        } else {
-          mc[i >> 1] = static_cast<uint8_t>((mc[i >> 1] & 0xF0) | cm);
-          vc[i >> 1] = static_cast<uint8_t>((vc[i >> 1] & 0xF0) | cv);
-        }
-      }
-    }
+void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel kernel) {
+#if FRUGAL_X86_KERNELS
+  const bool avx2 = kernel == QuantKernel::automatic && cpu_has_avx2() && s.block % 32 == 0;
+#else
+  const bool avx2 = false;
+  (void)kernel;
+#endif
+  at::parallel_for(first, last, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) adam_block<Bits>(s, b, avx2 && (b + 1) * s.block <= s.numel);
   });
 }
 
 }  // namespace
 
+bool quant_kernel_vectorized() {
+#if FRUGAL_X86_KERNELS
+  return cpu_has_avx2();
+#else
+  return false;
+#endif
+}
+
 void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
-                             int64_t begin, int64_t end) {
+                             int64_t begin, int64_t end, QuantKernel kernel) {
   TORCH_CHECK(m.bits() == v.bits() && m.block() == v.block() && begin % m.block() == 0, "adam_step_quantized_cpu: mismatched state");
   TORCH_CHECK(m.codes().device().is_cpu(), "adam_step_quantized_cpu: the state must be on the CPU");
+  TORCH_CHECK(m.block() <= 256, "adam_step_quantized_cpu: blocks of at most 256 values");
+  TORCH_CHECK(end <= m.numel() && (end == m.numel() || end % m.block() == 0), "adam_step_quantized_cpu: the range must end on a block or at the end");
+  BlockStep s;
+  s.b1 = static_cast<float>(h.beta1);
+  s.b2 = static_cast<float>(h.beta2);
+  s.one_b1 = static_cast<float>(1 - h.beta1);
+  s.one_b2 = static_cast<float>(1 - h.beta2);
+  s.eps = static_cast<float>(h.eps);
+  s.wd = static_cast<float>(h.weight_decay);
+  s.decay = static_cast<float>(1 - h.lr * h.weight_decay);
+  s.sqrt_bc2 = static_cast<float>(std::sqrt(h.bias_correction2));
+  s.step = static_cast<float>(-h.lr / h.bias_correction1);
+  s.decoupled = h.decoupled;
+  s.p = p;
+  s.g = g;
+  s.begin = begin;
+  s.numel = end;
+  s.block = m.block();
+  s.mc = m.codes().data_ptr<uint8_t>();
+  s.vc = v.codes().data_ptr<uint8_t>();
+  s.ma = m.absmax().data_ptr<float>();
+  s.va = v.absmax().data_ptr<float>();
+  s.mmap = m.map_data();
+  s.vmap = v.map_data();
+  s.mb = m.boundary_data();
+  s.vb = v.boundary_data();
+  s.mlut = m.lut();
+  s.vlut = v.lut();
+  s.mnb = static_cast<int>(m.levels() - 1);
+  s.vnb = static_cast<int>(v.levels() - 1);
+  const int64_t first = begin / s.block, last = (end + s.block - 1) / s.block;
   if (m.bits() == 8) {
-    adam_blocks<8>(h, p, g, m, v, begin, end);
+    adam_blocks<8>(s, first, last, kernel);
   } else {
-    adam_blocks<4>(h, p, g, m, v, begin, end);
+    adam_blocks<4>(s, first, last, kernel);
   }
 }
 

@@ -274,3 +274,40 @@ TEST(CodeMap, FusedKernelMatchesTheTensorPath) {
     EXPECT_LE((v1.codes() != v2.codes()).sum().item<int64_t>(), v1.codes().numel() / 500);
   }
 }
+
+TEST(CodeMap, VectorKernelGivesTheSameBitsAsThePortableOne) {
+  if (!quant_kernel_vectorized()) GTEST_SKIP() << "this processor has no AVX2: only the portable kernel runs here";
+  torch::manual_seed(5);
+  for (int bits : {8, 4}) {
+    for (bool decoupled : {true, false}) {
+      SCOPED_TRACE(std::to_string(bits) + (decoupled ? " adamw" : " adam"));
+      const int64_t block = bits == 8 ? 256 : 128, n = 37 * block + 45;  // a short last block
+      const at::Tensor p0 = at::randn({n}), g = at::randn({n}) * 0.1;
+      // moments spanning several decades, some blocks all zero, and one non-finite gradient value
+      at::Tensor m0 = at::randn({n}) * at::pow(10.0, -at::randint(0, 6, {n}).to(at::kFloat));
+      at::Tensor v0 = at::rand({n}) * at::pow(10.0, -at::randint(0, 8, {n}).to(at::kFloat));
+      m0.narrow(0, 2 * block, block).zero_();
+      v0.narrow(0, 2 * block, block).zero_();
+      at::Tensor g_bad = g.clone();
+      g_bad[7 * block + 3] = std::numeric_limits<float>::quiet_NaN();
+      for (const at::Tensor& grad : {g, g_bad}) {
+        at::Tensor pa = p0.clone(), pb = p0.clone();
+        QuantizedBuffer ma(n, bits, block, true), va(n, bits, block, false), mb(n, bits, block, true), vb(n, bits, block, false);
+        for (auto* q : {&ma, &mb}) q->store(0, n, m0);
+        for (auto* q : {&va, &vb}) q->store(0, n, v0);
+        const AdamStep h{1e-3, 0.9, 0.999, 1e-8, 0.01, 1 - std::pow(0.9, 4), 1 - std::pow(0.999, 4), decoupled};
+        // two ranges, as the optimizer's chunks call it: [0, 5 blocks) and [5 blocks, n)
+        for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 5 * block}, {5 * block, n}}) {
+          adam_step_quantized_cpu(h, pa.data_ptr<float>() + b, grad.data_ptr<float>() + b, ma, va, b, e, QuantKernel::automatic);
+          adam_step_quantized_cpu(h, pb.data_ptr<float>() + b, grad.data_ptr<float>() + b, mb, vb, b, e, QuantKernel::portable);
+        }
+        EXPECT_TRUE(at::equal(pa.isnan(), pb.isnan()));
+        EXPECT_TRUE(at::equal(pa.nan_to_num(0), pb.nan_to_num(0)));
+        EXPECT_TRUE(at::equal(ma.codes(), mb.codes()));
+        EXPECT_TRUE(at::equal(va.codes(), vb.codes()));
+        EXPECT_TRUE(at::equal(ma.absmax().nan_to_num(0), mb.absmax().nan_to_num(0)));
+        EXPECT_TRUE(at::equal(va.absmax().nan_to_num(0), vb.absmax().nan_to_num(0)));
+      }
+    }
+  }
+}

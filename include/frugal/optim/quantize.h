@@ -58,7 +58,7 @@ class QuantizedBuffer {
   int bits_ = 8;
   bool signed_ = true;
   at::Tensor map_, boundaries_;  // the code map and the midpoints between its entries
-  at::Tensor lut_;               // uint8 (65536): code of the value whose top 16 bits index it
+  at::Tensor lut_;               // uint8 (65536 + 4 spare): code of the value whose top 16 bits index it
   at::Tensor codes_, absmax_;
 };
 
@@ -73,11 +73,17 @@ struct AdamStep {
   bool decoupled;  // AdamW
 };
 
-// One Adam(W) step over elements [begin, end) (begin block-aligned) of a CPU parameter whose moments
-// are quantized, fused: per block, dequantize, update the moments and the parameter, requantize.
-// p and g: fp32, contiguous, end - begin elements. Threads over blocks with at::parallel_for.
+// automatic: AVX2 where the processor has it (checked at run time), else portable; portable: one
+// element at a time. Both do the same fp32 operations in the same order and give identical results.
+enum class QuantKernel { automatic, portable };
+bool quant_kernel_vectorized();  // whether automatic picks the AVX2 kernel on this processor
+
+// One Adam(W) step over elements [begin, end) of a CPU parameter whose moments are quantized, fused:
+// per block, dequantize, update the moments and the parameter, requantize. begin is block-aligned;
+// end is too, or the end of the buffer. p and g: fp32, contiguous, end - begin elements. Threads over
+// blocks with at::parallel_for.
 void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
-                             int64_t begin, int64_t end);
+                             int64_t begin, int64_t end, QuantKernel kernel = QuantKernel::automatic);
 
 }  // namespace optim
 }  // namespace frugal
