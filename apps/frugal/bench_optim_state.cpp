@@ -21,7 +21,8 @@ int bench_optim_state(int argc, char** argv) {
   Args args("bench optim-state",
             "AdamW with its two moments in fp32, bf16, 8-bit and 4-bit blocks: bytes per parameter and the time of one\n"
             "optimizer step over --params parameters (as 2048-wide matrices), against fp32. With --steps N, also trains\n"
-            "the recipe N steps per precision and compares the final loss with fp32's.");
+            "the recipe N steps per precision, prints the loss curves side by side and compares the final loss with\n"
+            "fp32's (the JSON carries every step's loss per precision, for plotting).");
   args.add_int("params", &params, "parameters in the timed step", 4096);
   args.add_int("runs", &runs, "timed steps per precision", 1);
   args.add_int("steps", &steps, "training steps of the recipe per precision (0: skip)", 0);
@@ -36,6 +37,7 @@ int bench_optim_state(int argc, char** argv) {
                                                          optim::StatePrecision::int8, optim::StatePrecision::int4};
   struct Row {
     double bytes_per_param = 0, step_s = 0, final_loss = 0;
+    std::vector<double> losses;  // one per training step
   };
   std::vector<Row> rows_out(precisions.size());
   for (size_t i = 0; i < precisions.size(); ++i) {
@@ -82,6 +84,22 @@ int bench_optim_state(int argc, char** argv) {
       double sum = 0;
       for (size_t k = result.losses.size() - tail; k < result.losses.size(); ++k) sum += result.losses[k];
       rows_out[i].final_loss = sum / static_cast<double>(tail);
+      rows_out[i].losses = result.losses;
+    }
+    // The curves side by side: the mean loss over each tenth of the run.
+    const size_t window = std::max<size_t>(1, static_cast<size_t>(steps) / 10);
+    std::fprintf(stderr, "\nloss curves (mean over each %zu steps)\n%10s", window, "steps");
+    for (auto p : precisions) std::fprintf(stderr, " %8s", optim::precision_name(p));
+    std::fprintf(stderr, "\n");
+    for (size_t start = 0; start < rows_out[0].losses.size(); start += window) {
+      std::fprintf(stderr, "%4zu..%-4zu", start + 1, std::min(start + window, rows_out[0].losses.size()));
+      for (const Row& row : rows_out) {
+        const size_t stop = std::min(start + window, row.losses.size());
+        double mean = 0;
+        for (size_t k = start; k < stop; ++k) mean += row.losses[k] / static_cast<double>(stop - start);
+        std::fprintf(stderr, " %8.4f", mean);
+      }
+      std::fprintf(stderr, "\n");
     }
   }
   std::ostringstream json;
@@ -96,6 +114,9 @@ int bench_optim_state(int argc, char** argv) {
     if (steps > 0) {
       w.key("final_loss").value(rows_out[i].final_loss);
       w.key("loss_ratio_vs_fp32").value(rows_out[i].final_loss / rows_out[0].final_loss);
+      w.key("losses").begin_array();
+      for (double l : rows_out[i].losses) w.value(l);
+      w.end_array();
     }
     w.end_object();
   }
