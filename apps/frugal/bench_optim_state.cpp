@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "frugal/io/json.h"
 #include "frugal/optim/optimizer.h"
+#include "frugal/optim/quantize.h"
 #include "frugal/train/trainer.h"
 
 namespace frugal {
@@ -105,6 +106,7 @@ int bench_optim_state(int argc, char** argv) {
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(rows * width).key("steps").value(steps);
+  w.key("quantized_kernel").value(optim::quant_kernel_vectorized() ? "avx2" : "portable");
   w.key("precisions").begin_object();
   for (size_t i = 0; i < precisions.size(); ++i) {
     w.key(optim::precision_name(precisions[i])).begin_object();
