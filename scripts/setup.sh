@@ -12,6 +12,7 @@ packages=(
   libsentencepiece-dev  # tokenizers (Llama's tokenizer.model format)
   libyaml-cpp-dev       # training recipes
   fortunes              # the default recipe's corpus (/usr/share/games/fortunes)
+  chromium              # headless, for the HTML report's browser test (tests/apps/report_browser_test.sh)
 )
 
 missing=()

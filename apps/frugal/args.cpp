@@ -90,6 +90,10 @@ void Args::add_positional(const std::string& name, std::string* target, const st
   positionals_.push_back({name, help, name, "", true, [=](const std::string& text) { *target = text; }});
 }
 
+void Args::add_short(char letter, const std::string& name) {
+  shorts_.emplace_back(std::string("-") + letter, name);
+}
+
 bool Args::parse(int argc, char** argv, int first) {
   size_t next_positional = 0;
   for (int i = first; i < argc; ++i) {
@@ -97,6 +101,9 @@ bool Args::parse(int argc, char** argv, int first) {
     if (arg == "--help" || arg == "-h") {
       std::cout << help();
       return false;
+    }
+    for (const auto& [alias, name] : shorts_) {
+      if (arg == alias) arg = "--" + name;
     }
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
       if (next_positional < positionals_.size()) {
@@ -151,7 +158,11 @@ std::string Args::help() const {
   }
   out << "\nflags:\n";
   for (const Flag& f : flags_) {
-    out << "  --" << f.name << (f.takes_value ? " " + f.metavar : "") << "\n      " << f.help;
+    out << "  ";
+    for (const auto& [alias, name] : shorts_) {
+      if (name == f.name) out << alias << ", ";
+    }
+    out << "--" << f.name << (f.takes_value ? " " + f.metavar : "") << "\n      " << f.help;
     if (f.takes_value && !f.default_text.empty()) out << " (default: " << f.default_text << ")";
     out << "\n";
   }

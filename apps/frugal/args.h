@@ -11,6 +11,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace frugal {
@@ -39,6 +40,8 @@ class Args {
   void add_rest(std::vector<std::string>* target, const std::string& metavar);
   // Positional arguments, in order (all required).
   void add_positional(const std::string& name, std::string* target, const std::string& help);
+  // A one-letter alias of a flag added before: add_short('o', "out") makes -o FILE mean --out FILE.
+  void add_short(char letter, const std::string& name);
 
   // Parses argv[first..argc). Returns false when --help was asked for (the help is printed).
   // Throws UsageError on an unknown flag, a missing or bad value, or a missing positional.
@@ -54,6 +57,7 @@ class Args {
   std::string command_, summary_;
   std::vector<Flag> flags_;
   std::vector<Flag> positionals_;
+  std::vector<std::pair<std::string, std::string>> shorts_;  // ("-o", "out")
   std::vector<std::string>* rest_ = nullptr;
   std::string rest_metavar_;
 };

@@ -25,7 +25,8 @@ const char* kUsage =
     "  tokenizer train a SentencePiece tokenizer on a corpus, or encode text with one\n"
     "  account   measure parameter, gradient, optimizer and activation memory of a Transformer stack,\n"
     "            with and without activation checkpointing\n"
-    "  report    turn an allocation trace into a snapshot for PyTorch's memory viewer\n"
+    "  report    turn allocation traces into an HTML page (several side by side), or a snapshot for\n"
+    "            PyTorch's memory viewer\n"
     "  bench     run a benchmark and print its ratios against the plain version (frugal bench --help)\n"
     "\n"
     "'frugal COMMAND --help' describes a command's flags.\n";

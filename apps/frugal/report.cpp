@@ -1,37 +1,67 @@
-// frugal report — turn an allocation trace (--trace-out) into files people open: a snapshot for
-// PyTorch's memory viewer (--memory-viz).
-#include <fstream>
+// frugal report — turn allocation traces (--trace-out) into files people open: a self-contained
+// HTML page of one or more traces side by side (-o), and a snapshot for PyTorch's memory viewer
+// (--memory-viz).
 #include <iostream>
-#include <sstream>
+#include <stdexcept>
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/io/files.h"
+#include "frugal/memory/html_report.h"
 #include "frugal/memory/memory_viz.h"
 
 namespace frugal {
 namespace cli {
+namespace {
+
+memory::Timeline load_trace(const std::string& path) {
+  if (!io::is_regular_file(path)) throw UsageError("trace " + path + " cannot be read");
+  try {
+    return memory::read_timeline(io::read_file(path));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(path + ": " + e.what());
+  }
+}
+
+}  // namespace
 
 int run_report(int argc, char** argv) {
-  std::string trace_path, viz_out;
+  std::string first_trace, html_out, viz_out;
+  std::vector<std::string> more_traces;
   Args args("report",
-            "Converts an allocation trace written with --trace-out. --memory-viz writes the pickle that\n"
-            "PyTorch's memory viewer (pytorch.org/memory_viz) opens: every allocation with its category.");
-  args.add_positional("TRACE", &trace_path, "a trace written by frugal account or frugal train with --trace-out");
-  args.add_string("memory-viz", &viz_out, "write a snapshot pickle for PyTorch's memory viewer", "FILE");
+            "Turns allocation traces written with --trace-out into files to open. -o writes one HTML page\n"
+            "(no network needed) with each trace's live memory by category over time, its peak and per-step\n"
+            "peaks; several traces sit side by side on one scale, e.g. techniques on vs off. --memory-viz\n"
+            "writes the pickle that PyTorch's memory viewer (pytorch.org/memory_viz) opens.");
+  args.add_positional("TRACE", &first_trace, "a trace written by frugal account or frugal train with --trace-out");
+  args.add_rest(&more_traces, "TRACE");
+  args.add_string("out", &html_out, "write the HTML report here", "FILE");
+  args.add_short('o', "out");
+  args.add_string("memory-viz", &viz_out, "write a snapshot pickle for PyTorch's memory viewer (one trace only)", "FILE");
   if (!args.parse(argc, argv, 2)) return 0;
-  if (viz_out.empty()) throw UsageError("nothing to write: give --memory-viz FILE");
-  std::ifstream in(trace_path, std::ios::binary);
-  if (!in) throw UsageError("trace " + trace_path + " cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  std::vector<memory::MemoryEvent> events;
-  try {
-    events = memory::read_timeline_json(text.str());
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(trace_path + ": " + e.what());
+  if (html_out.empty() && viz_out.empty()) throw UsageError("nothing to write: give -o FILE.html or --memory-viz FILE");
+  std::vector<std::string> paths{first_trace};
+  paths.insert(paths.end(), more_traces.begin(), more_traces.end());
+  if (!viz_out.empty() && paths.size() > 1) {
+    throw UsageError("--memory-viz takes exactly one trace, got " + std::to_string(paths.size()));
   }
-  write_output(viz_out, memory::memory_viz_pickle(events));
-  std::cout << "wrote " << viz_out << " from " << events.size() << " events\n";
+
+  std::vector<memory::NamedTimeline> traces;
+  size_t n_events = 0;
+  for (const std::string& path : paths) {
+    traces.push_back({path, load_trace(path)});
+    n_events += traces.back().timeline.events.size();
+  }
+  std::ostream& log = html_out == "-" || viz_out == "-" ? std::cerr : std::cout;  // keep stdout for the file
+  if (!viz_out.empty()) {
+    write_output(viz_out, memory::memory_viz_pickle(traces.front().timeline.events));
+    log << "wrote " << viz_out << " from " << n_events << " events\n";
+  }
+  if (!html_out.empty()) {
+    write_output(html_out, memory::html_report(traces));
+    log << "wrote " << html_out << " (" << traces.size() << (traces.size() == 1 ? " trace, " : " traces, ")
+        << n_events << " events)\n";
+  }
   return 0;
 }
 

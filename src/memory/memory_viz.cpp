@@ -24,27 +24,48 @@ Phase parse_phase(const std::string& s) {
   throw std::invalid_argument("trace: unknown phase '" + s + "'");
 }
 
+Category parse_category_or_throw(const std::string& s) {
+  const auto c = parse_category(s);
+  if (!c) throw std::invalid_argument("trace: unknown category '" + s + "'");
+  return *c;
+}
+
+MemoryEvent parse_event(const io::JsonValue& e) {
+  MemoryEvent ev;
+  ev.time_us = e.at("time_us").as_int();
+  ev.action = parse_action(e.at("action").as_string());
+  ev.bytes = e.at("bytes").as_int();
+  ev.category = parse_category_or_throw(e.at("category").as_string());
+  ev.phase = parse_phase(e.at("phase").as_string());
+  ev.device = c10::Device(e.at("device").as_string());
+  ev.step = e.at("step").as_int();
+  const io::JsonValue* addr = e.find("addr");
+  ev.addr = addr ? static_cast<uint64_t>(addr->as_int()) : 0;
+  if (ev.bytes < 0) throw std::invalid_argument("trace: negative size");
+  return ev;
+}
+
+Tracker::StepSummary parse_step(const io::JsonValue& s) {
+  Tracker::StepSummary out;
+  out.step = s.at("step").as_int();
+  out.peak_bytes = s.at("peak_bytes").as_int();
+  if (out.peak_bytes < 0) throw std::invalid_argument("trace: negative peak_bytes in step " + std::to_string(out.step));
+  for (const auto& [name, bytes] : s.at("breakdown").members()) {
+    out.breakdown[static_cast<int>(parse_category_or_throw(name))] = bytes.as_int();
+  }
+  return out;
+}
+
 }  // namespace
 
-std::vector<MemoryEvent> read_timeline_json(const std::string& text) {
-  std::vector<MemoryEvent> out;
+Timeline read_timeline(const std::string& text) {
+  Timeline out;
   try {
     const io::JsonValue root = io::parse_json(text);
-    for (const io::JsonValue& e : root.at("events").items()) {
-      MemoryEvent ev;
-      ev.time_us = e.at("time_us").as_int();
-      ev.action = parse_action(e.at("action").as_string());
-      ev.bytes = e.at("bytes").as_int();
-      const auto cat = parse_category(e.at("category").as_string());
-      if (!cat) throw std::invalid_argument("trace: unknown category '" + e.at("category").as_string() + "'");
-      ev.category = *cat;
-      ev.phase = parse_phase(e.at("phase").as_string());
-      ev.device = c10::Device(e.at("device").as_string());
-      ev.step = e.at("step").as_int();
-      const io::JsonValue* addr = e.find("addr");
-      ev.addr = addr ? static_cast<uint64_t>(addr->as_int()) : 0;
-      if (ev.bytes < 0) throw std::invalid_argument("trace: negative size");
-      out.push_back(ev);
+    for (const io::JsonValue& e : root.at("events").items()) out.events.push_back(parse_event(e));
+    // Older traces and hand-written ones have no step summaries; the events still make a timeline.
+    if (const io::JsonValue* steps = root.find("steps")) {
+      for (const io::JsonValue& s : steps->items()) out.steps.push_back(parse_step(s));
     }
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(std::string("trace: ") + e.what());
@@ -53,6 +74,8 @@ std::vector<MemoryEvent> read_timeline_json(const std::string& text) {
   }
   return out;
 }
+
+std::vector<MemoryEvent> read_timeline_json(const std::string& text) { return read_timeline(text).events; }
 
 std::string memory_viz_pickle(const std::vector<MemoryEvent>& events) {
   struct Live {

@@ -10,6 +10,7 @@
 //
 //   auto events = frugal::memory::read_timeline_json(text);      // a --trace-out file
 //   std::string pickle = frugal::memory::memory_viz_pickle(events);
+//   frugal::memory::Timeline t = frugal::memory::read_timeline(text);   // events and step summaries
 #pragma once
 
 #include <string>
@@ -20,8 +21,16 @@
 namespace frugal {
 namespace memory {
 
+// A whole --trace-out file: the events, and the per-step summaries the tracker keeps for every
+// step (also for steps whose events were not captured).
+struct Timeline {
+  std::vector<MemoryEvent> events;
+  std::vector<Tracker::StepSummary> steps;  // empty when the trace has none (or no "steps" key)
+};
+
 // Parses Tracker::write_timeline_json output. Throws std::invalid_argument naming the problem.
-std::vector<MemoryEvent> read_timeline_json(const std::string& text);
+Timeline read_timeline(const std::string& text);
+std::vector<MemoryEvent> read_timeline_json(const std::string& text);  // read_timeline(text).events
 
 std::string memory_viz_pickle(const std::vector<MemoryEvent>& events);
 
