@@ -86,7 +86,8 @@ constexpr int kMaxDepth = 64;
 
 class Parser {
  public:
-  explicit Parser(const std::string& text) : s_(text) {}
+  explicit Parser(const std::string& text, const std::string* stream_key = nullptr, const JsonItemSink* sink = nullptr)
+      : s_(text), stream_key_(stream_key), sink_(sink) {}
 
   JsonValue parse_document() {
     JsonValue v = parse_value(0);
@@ -144,7 +145,10 @@ class Parser {
       skip_space();
       if (pos_ >= s_.size() || s_[pos_] != ':') fail("expected ':'");
       ++pos_;
-      JsonValue v = parse_value(depth + 1);
+      skip_space();
+      // The streamed array: its items go to the sink one by one and are not kept.
+      const bool stream = depth == 0 && stream_key_ && key == *stream_key_ && pos_ < s_.size() && s_[pos_] == '[';
+      JsonValue v = stream ? parse_array(depth + 1, sink_) : parse_value(depth + 1);
       members.emplace_back(std::move(key), std::move(v));
       skip_space();
       if (pos_ < s_.size() && s_[pos_] == ',') {
@@ -159,7 +163,8 @@ class Parser {
     }
   }
 
-  JsonValue parse_array(int depth) {
+  JsonValue parse_array(int depth, const JsonItemSink* sink = nullptr) {
+    if (depth > kMaxDepth) fail("nesting deeper than 64 levels");
     ++pos_;  // [
     std::vector<JsonValue> items;
     skip_space();
@@ -168,7 +173,11 @@ class Parser {
       return JsonValue::make_array(std::move(items));
     }
     while (true) {
-      items.push_back(parse_value(depth + 1));
+      if (sink) {
+        (*sink)(parse_value(depth + 1));
+      } else {
+        items.push_back(parse_value(depth + 1));
+      }
       skip_space();
       if (pos_ < s_.size() && s_[pos_] == ',') {
         ++pos_;
@@ -301,11 +310,17 @@ class Parser {
 
   const std::string& s_;
   size_t pos_ = 0;
+  const std::string* stream_key_;  // the top-level member whose array items go to sink_ (or none)
+  const JsonItemSink* sink_;
 };
 
 }  // namespace
 
 JsonValue parse_json(const std::string& text) { return Parser(text).parse_document(); }
+
+JsonValue parse_json_streaming(const std::string& text, const std::string& key, const JsonItemSink& on_item) {
+  return Parser(text, &key, &on_item).parse_document();
+}
 
 }  // namespace io
 }  // namespace frugal

@@ -61,8 +61,11 @@ Tracker::StepSummary parse_step(const io::JsonValue& s) {
 Timeline read_timeline(const std::string& text) {
   Timeline out;
   try {
-    const io::JsonValue root = io::parse_json(text);
-    for (const io::JsonValue& e : root.at("events").items()) out.events.push_back(parse_event(e));
+    // Events are parsed one at a time: a long trace is never held whole as a JSON tree.
+    const io::JsonValue root =
+        io::parse_json_streaming(text, "events", [&](const io::JsonValue& e) { out.events.push_back(parse_event(e)); });
+    if (!root.is_object()) throw std::invalid_argument("trace: not a JSON object");
+    root.at("events").items();  // JsonError when it is missing or not an array
     // Older traces and hand-written ones have no step summaries; the events still make a timeline.
     if (const io::JsonValue* steps = root.find("steps")) {
       for (const io::JsonValue& s : steps->items()) out.steps.push_back(parse_step(s));

@@ -159,6 +159,31 @@ TEST(JsonParse, ValuesAndErrors) {
   EXPECT_THROW(v.at("a").as_int(), JsonError);
 }
 
+TEST(JsonParse, StreamsOneArrayItemByItem) {
+  // The streamed member's items reach the sink in order and are not kept; the rest parses as usual,
+  // a nested array of the same name is not streamed, and errors after streamed items still throw.
+  const std::string text = R"({"head": 1, "events": [{"t": 1}, {"t": 2}, [3]], "x": {"events": [4]}})";
+  std::vector<std::string> seen;
+  const JsonValue v = parse_json_streaming(text, "events", [&](const JsonValue& item) {
+    seen.push_back(item.is_object() ? "t" + std::to_string(item.at("t").as_int()) : "array");
+  });
+  EXPECT_EQ(seen, (std::vector<std::string>{"t1", "t2", "array"}));
+  EXPECT_TRUE(v.at("events").items().empty());
+  EXPECT_EQ(v.at("head").as_int(), 1);
+  EXPECT_EQ(v.at("x").at("events").items().size(), 1u);
+  // the same document parses whole with parse_json
+  EXPECT_EQ(parse_json(text).at("events").items().size(), 3u);
+  const auto ignore = [](const JsonValue&) {};
+  EXPECT_THROW(parse_json_streaming(R"({"events": [1, 2,]})", "events", ignore), JsonError);
+  EXPECT_THROW(parse_json_streaming(R"({"events": [1], "events": []})", "events", ignore), JsonError);
+  EXPECT_THROW(parse_json_streaming(R"({"events": [1]} x)", "events", ignore), JsonError);
+  // not an array: kept as a value, not streamed
+  EXPECT_EQ(parse_json_streaming(R"({"events": 5})", "events", ignore).at("events").as_int(), 5);
+  // the sink's exception stops the parse
+  EXPECT_THROW(parse_json_streaming(R"({"events": [1, 2]})", "events", [](const JsonValue&) { throw std::invalid_argument("no"); }),
+               std::invalid_argument);
+}
+
 TEST(Units, ParseAndPrintBytes) {
   EXPECT_EQ(parse_bytes("512"), 512);
   EXPECT_EQ(parse_bytes("64MiB"), 64LL << 20);

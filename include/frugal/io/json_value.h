@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -66,6 +67,13 @@ class JsonValue {
 
 // Parses exactly one JSON value (surrounding white space allowed). Duplicate object keys are an error.
 JsonValue parse_json(const std::string& text);
+
+// As parse_json, but when the document is an object, each item of its array member `key` goes to
+// on_item as soon as it is parsed and is not kept (that member comes back as an empty array). For
+// long lists, such as a trace's events, that would otherwise be held whole as a tree. An exception
+// from on_item stops the parse and propagates.
+using JsonItemSink = std::function<void(const JsonValue&)>;
+JsonValue parse_json_streaming(const std::string& text, const std::string& key, const JsonItemSink& on_item);
 
 }  // namespace io
 }  // namespace frugal
