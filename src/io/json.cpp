@@ -21,7 +21,7 @@ void JsonWriter::before_value() {
   }
   if (stack_.empty()) return;
   if (stack_.back().is_object) throw std::logic_error("JsonWriter: a value inside an object needs a key");
-  if (!stack_.back().empty) out_ << (indent_ > 0 ? "," : ", ");
+  if (!stack_.back().empty) out_ << (indent_ == 0 ? ", " : ",");
   stack_.back().empty = false;
   newline();
 }
@@ -60,10 +60,10 @@ JsonWriter& JsonWriter::end_array() {
 
 JsonWriter& JsonWriter::key(const std::string& k) {
   if (stack_.empty() || !stack_.back().is_object) throw std::logic_error("JsonWriter: key outside an object");
-  if (!stack_.back().empty) out_ << (indent_ > 0 ? "," : ", ");
+  if (!stack_.back().empty) out_ << (indent_ == 0 ? ", " : ",");
   stack_.back().empty = false;
   newline();
-  out_ << '"' << escape(k) << "\": ";
+  out_ << '"' << escape(k) << (indent_ < 0 ? "\":" : "\": ");
   after_key_ = true;
   return *this;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "frugal/io/json.h"
@@ -197,106 +198,55 @@ TraceView view_trace(const Timeline& timeline, size_t buckets) {
 
 namespace {
 
-void put_string(std::string& out, const std::string& s) {
-  out += '"';
-  out += io::JsonWriter::escape(s);
-  out += '"';
-}
-
-void put_int(std::string& out, int64_t v) { out += std::to_string(v); }
-
-void put_breakdown(std::string& out, const CategoryBytes& b) {
-  out += '[';
-  for (int c = 0; c < kNumCategories; ++c) {
-    if (c) out += ',';
-    put_int(out, b[c]);
-  }
-  out += ']';
+void write_breakdown(io::JsonWriter& w, const CategoryBytes& b) {
+  w.begin_array();
+  for (int64_t bytes : b) w.value(bytes);
+  w.end_array();
 }
 
 // Times relative to the trace's start, and one column per category (null when always zero, which
 // keeps the page small: most traces use only a few categories).
-void put_series(std::string& out, const TraceView& v) {
-  out += "\"t\":[";
-  for (size_t i = 0; i < v.series.size(); ++i) {
-    if (i) out += ',';
-    put_int(out, v.series[i].time_us - v.start_us);
-  }
-  out += "],\"series\":[";
+void write_series(io::JsonWriter& w, const TraceView& v) {
+  w.key("t").begin_array();
+  for (const LiveSample& s : v.series) w.value(s.time_us - v.start_us);
+  w.end_array().key("series").begin_array();
   for (int c = 0; c < kNumCategories; ++c) {
-    if (c) out += ',';
     const bool used = std::any_of(v.series.begin(), v.series.end(), [&](const LiveSample& s) { return s.bytes[c] != 0; });
     if (!used) {
-      out += "null";
+      w.null();
       continue;
     }
-    out += '[';
-    for (size_t i = 0; i < v.series.size(); ++i) {
-      if (i) out += ',';
-      put_int(out, v.series[i].bytes[c]);
-    }
-    out += ']';
+    w.begin_array();
+    for (const LiveSample& s : v.series) w.value(s.bytes[c]);
+    w.end_array();
   }
-  out += ']';
+  w.end_array();
 }
 
-void put_trace(std::string& out, const std::string& name, const TraceView& v) {
-  out += "{\"name\":";
-  put_string(out, name);
-  out += ",\"events\":";
-  put_int(out, static_cast<int64_t>(v.n_events));
-  out += ",\"devices\":[";
-  for (size_t i = 0; i < v.devices.size(); ++i) {
-    if (i) out += ',';
-    put_string(out, v.devices[i]);
+void write_trace(io::JsonWriter& w, const std::string& name, const TraceView& v) {
+  w.begin_object().key("name").value(name).key("events").value(static_cast<int64_t>(v.n_events));
+  w.key("devices").begin_array();
+  for (const std::string& d : v.devices) w.value(d);
+  w.end_array().key("duration_us").value(v.end_us - v.start_us).key("note").value(v.note);
+  write_series(w, v);
+  w.key("peak").begin_object().key("t").value(v.peak.time_us - v.start_us).key("bytes").value(v.peak.total());
+  w.key("step").value(v.peak.step).key("phase").value(phase_name(v.peak.phase)).key("breakdown");
+  write_breakdown(w, v.peak.bytes);
+  w.end_object();
+  // Markers and table rows as small arrays: [step, t], [phase, begin, end], [step, peak, breakdown].
+  w.key("step_starts").begin_array();
+  for (const auto& [step, t] : v.step_starts) w.begin_array().value(step).value(t - v.start_us).end_array();
+  w.end_array().key("phases").begin_array();
+  for (const PhaseSpan& p : v.phases) {
+    w.begin_array().value(phase_name(p.phase)).value(p.begin_us - v.start_us).value(p.end_us - v.start_us).end_array();
   }
-  out += "],\"duration_us\":";
-  put_int(out, v.end_us - v.start_us);
-  out += ",\"note\":";
-  put_string(out, v.note);
-  out += ',';
-  put_series(out, v);
-  out += ",\"peak\":{\"t\":";
-  put_int(out, v.peak.time_us - v.start_us);
-  out += ",\"bytes\":";
-  put_int(out, v.peak.total());
-  out += ",\"step\":";
-  put_int(out, v.peak.step);
-  out += ",\"phase\":";
-  put_string(out, phase_name(v.peak.phase));
-  out += ",\"breakdown\":";
-  put_breakdown(out, v.peak.bytes);
-  out += "},\"step_starts\":[";
-  for (size_t i = 0; i < v.step_starts.size(); ++i) {
-    out += i ? ",[" : "[";
-    put_int(out, v.step_starts[i].first);
-    out += ',';
-    put_int(out, v.step_starts[i].second - v.start_us);
-    out += ']';
+  w.end_array().key("steps").begin_array();
+  for (const Tracker::StepSummary& s : v.steps) {
+    w.begin_array().value(s.step).value(s.peak_bytes);
+    write_breakdown(w, s.breakdown);
+    w.end_array();
   }
-  out += "],\"phases\":[";
-  for (size_t i = 0; i < v.phases.size(); ++i) {
-    out += i ? ",[" : "[";
-    put_string(out, phase_name(v.phases[i].phase));
-    out += ',';
-    put_int(out, v.phases[i].begin_us - v.start_us);
-    out += ',';
-    put_int(out, v.phases[i].end_us - v.start_us);
-    out += ']';
-  }
-  out += "],\"steps\":[";
-  for (size_t i = 0; i < v.steps.size(); ++i) {
-    out += i ? ",[" : "[";
-    put_int(out, v.steps[i].step);
-    out += ',';
-    put_int(out, v.steps[i].peak_bytes);
-    out += ',';
-    put_breakdown(out, v.steps[i].breakdown);
-    out += ']';
-  }
-  out += "],\"steps_from_events\":";
-  out += v.steps_from_events ? "true" : "false";
-  out += '}';
+  w.end_array().key("steps_from_events").value(v.steps_from_events).end_object();
 }
 
 // JSON never has '<' outside strings, and inside them \u003c means the same: with none left,
@@ -774,18 +724,14 @@ const char* kScript = R"HTML(</script>
 }  // namespace
 
 std::string html_report(const std::vector<NamedTimeline>& traces) {
-  std::string data = "{\"categories\":[";
-  for (int c = 0; c < kNumCategories; ++c) {
-    if (c) data += ',';
-    put_string(data, category_name(kAllCategories[c]));
-  }
-  data += "],\"traces\":[";
-  for (size_t i = 0; i < traces.size(); ++i) {
-    if (i) data += ",\n";
-    put_trace(data, traces[i].name, view_trace(traces[i].timeline));
-  }
-  data += "]}";
-  return std::string(kHead) + script_safe(data) + kScript;
+  std::ostringstream data;
+  io::JsonWriter w(data, -1);  // compact: the page carries it
+  w.begin_object().key("categories").begin_array();
+  for (Category c : kAllCategories) w.value(category_name(c));
+  w.end_array().key("traces").begin_array();
+  for (const NamedTimeline& t : traces) write_trace(w, t.name, view_trace(t.timeline));
+  w.end_array().end_object();
+  return std::string(kHead) + script_safe(data.str()) + kScript;
 }
 
 }  // namespace memory

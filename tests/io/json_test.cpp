@@ -18,6 +18,13 @@ TEST(Json, WritesNestedValuesOnOneLine) {
   EXPECT_EQ(out.str(), "{\"a\": 1, \"b\": [true, null, \"x\\\"y\\n\"], \"nan\": null, \"e\": {}}");
 }
 
+TEST(Json, CompactModeHasNoSpaces) {
+  std::ostringstream out;
+  JsonWriter w(out, -1);
+  w.begin_object().key("a").begin_array().value(1).value("x").end_array().key("b").null().end_object();
+  EXPECT_EQ(out.str(), R"({"a":[1,"x"],"b":null})");
+}
+
 TEST(Json, EscapesControlCharacters) { EXPECT_EQ(JsonWriter::escape(std::string("\x01", 1)), "\\u0001"); }
 
 TEST(AtomicFile, ReplacesTheWholeFile) {

@@ -15,7 +15,8 @@ namespace io {
 
 class JsonWriter {
  public:
-  // indent > 0 pretty-prints with that many spaces per level; 0 writes one line.
+  // indent > 0 pretty-prints with that many spaces per level; 0 writes one line; a negative indent
+  // writes one line with no spaces at all (data embedded in a page).
   explicit JsonWriter(std::ostream& out, int indent = 2);
 
   JsonWriter& begin_object();
