@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The HTML report in a real browser: two traces from `frugal account` become one page that headless
 # Chromium loads with no console output and no script errors, draws both charts (the page marks
-# body[data-rendered]), and shows as a screenshot that is not blank. Chromium is a required test
+# body[data-rendered]), shows as a screenshot that is not blank, and shows values on hover. Chromium is a required test
 # dependency (scripts/setup.sh installs it), so a missing one fails the test.
 set -u
 frugal="$1"
@@ -111,6 +111,38 @@ print(f"screenshot {width}x{height}: {other:.1%} not background, {colours} colou
 ok = other > 0.02 and colours >= 6 and parameter_blue > 0.005
 sys.exit(0 if ok else 1)
 PY
+
+# Hover: a page that holds the report in a frame moves the mouse over the first chart and reads the
+# readout back (file pages may read each other only with --allow-file-access-from-files).
+cat >"$tmp/hover.html" <<'HTML'
+<!DOCTYPE html>
+<html><body>
+<iframe id="report" src="r.html" style="width: 1400px; height: 1000px"></iframe>
+<pre id="result">not run</pre>
+<script>
+document.getElementById('report').addEventListener('load', function () {
+  var out = document.getElementById('result');
+  try {
+    var page = this.contentDocument, canvas = page.querySelector('canvas'), r = canvas.getBoundingClientRect();
+    canvas.dispatchEvent(new MouseEvent('mousemove', { clientX: r.left + r.width * 0.6, clientY: r.top + r.height / 2 }));
+    var tip = page.querySelector('.tip');
+    out.textContent = 'display=' + tip.style.display + ' text=' + tip.textContent;
+  } catch (e) {
+    out.textContent = 'error: ' + e;
+  }
+});
+</script>
+</body></html>
+HTML
+timeout 120 "${browser[@]}" --allow-file-access-from-files --dump-dom "file://$tmp/hover.html" >"$tmp/hover_dom.html" 2>/dev/null
+hover=$(python3 -c 'import html,re,sys; m = re.search(r"<pre id=\"result\">(.*?)</pre>", open(sys.argv[1]).read(), re.S); print(html.unescape(m.group(1)) if m else "no result")' "$tmp/hover_dom.html")
+# the readout: time, step and phase, the total and each category's bytes at that moment
+check "hovering a chart shows its values (got '$hover')" python3 -c '
+import re, sys
+text = sys.argv[1]
+ok = text.startswith("display=block") and re.search(r"[0-9.]+ ms . step (none|[0-9]+) . \w+", text) \
+     and re.search(r"total[0-9.]+ (B|KiB|MiB)", text) and re.search(r"parameter[0-9.]+ (B|KiB|MiB)", text)
+sys.exit(0 if ok else 1)' "$hover"
 
 if [ "$failed" != 0 ]; then
   echo "--- chromium's log"; grep -v -E "dbus|bluez|vaapi|sandbox_linux|idle_linux|property.cc" "$tmp/browser.log" | tail -n 20
