@@ -13,6 +13,7 @@ packages=(
   libyaml-cpp-dev       # training recipes
   fortunes              # the default recipe's corpus (/usr/share/games/fortunes)
   chromium              # headless, for the HTML report's browser test (tests/apps/report_browser_test.sh)
+  fonts-dejavu-core     # the report's font, so the browser test's screenshots show text
 )
 
 missing=()
