@@ -230,37 +230,54 @@ void pack_nibbles_portable(const uint8_t* codes, uint8_t* packed, int64_t count)
   for (int64_t j = 0; j < count; j += 2) packed[j / 2] = static_cast<uint8_t>(codes[j] | (codes[j + 1] << 4));
 }
 
-// The arithmetic of one block, one element at a time: m and v hold the decoded map values on entry
-// and the normalized new moments on return; the block's scales are updated.
-void update_block_portable(const BlockStep& s, int64_t b, float* m, float* v, int64_t count) {
-  const float am = s.ma[b], av = s.va[b];
-  float* p = s.p + (b * s.block - s.begin);
-  const float* g = s.g + (b * s.block - s.begin);
-  float max_m = 0, max_v = 0;
+// The arithmetic of one block: m and v hold the decoded map values on entry and the normalized new
+// moments on return; the block's scales are updated. Written so the compiler can vectorise it for
+// any target (SSE2, NEON): constants in locals, no reduction inside the update loop, and the
+// maxima kept in 8 lanes as the AVX2 version keeps them.
+void update_block_portable(const BlockStep& s, int64_t b, float* __restrict m, float* __restrict v, int64_t count) {
+  const float am = s.ma[b], av = s.va[b], b1 = s.b1, b2 = s.b2, one_b1 = s.one_b1, one_b2 = s.one_b2;
+  const float eps = s.eps, sqrt_bc2 = s.sqrt_bc2, step = s.step;
+  const float decay = s.decay, wd = s.wd;
+  float* __restrict p = s.p + (b * s.block - s.begin);
+  const float* __restrict g = s.g + (b * s.block - s.begin);
   for (int64_t j = 0; j < count; ++j) {
-    float gj = g[j];
-    float pj = p[j];
-    if (s.decoupled) {
-      pj = pj * s.decay;
-    } else if (s.wd != 0) {
-      gj = gj + s.wd * pj;
-    }
-    const float mj = m[j] * am * s.b1 + s.one_b1 * gj;
-    const float vj = v[j] * av * s.b2 + s.one_b2 * gj * gj;
-    const float denom = std::sqrt(vj) / s.sqrt_bc2 + s.eps;
-    p[j] = pj + s.step * (mj / denom);
+    // AdamW multiplies the parameter by its decay; Adam adds wd * p to the gradient
+    const float pj = s.decoupled ? p[j] * decay : p[j];
+    const float gj = s.decoupled || wd == 0 ? g[j] : g[j] + wd * p[j];
+    const float mj = m[j] * am * b1 + one_b1 * gj;
+    const float vj = v[j] * av * b2 + one_b2 * gj * gj;
+    const float denom = std::sqrt(vj) / sqrt_bc2 + eps;
+    p[j] = pj + step * (mj / denom);
     m[j] = mj;
     v[j] = vj;
-    max_m = std::max(max_m, std::fabs(mj));
-    max_v = std::max(max_v, std::fabs(vj));
   }
   for (int64_t j = count; j < s.block; ++j) m[j] = v[j] = 0.0f;  // the short last block's padding
+  // x > acc ? x : acc keeps acc for a NaN x, as the AVX2 max does; the maximum of the same values
+  // does not depend on the order, so both versions agree.
+  float lanes_m[8] = {0, 0, 0, 0, 0, 0, 0, 0}, lanes_v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  auto take = [&](int64_t j, int k) {
+    const float xm = std::fabs(m[j]), xv = std::fabs(v[j]);
+    lanes_m[k] = xm > lanes_m[k] ? xm : lanes_m[k];
+    lanes_v[k] = xv > lanes_v[k] ? xv : lanes_v[k];
+  };
+  const int64_t whole = s.block / 8 * 8;  // blocks are even, not always a multiple of 8
+  for (int64_t j = 0; j < whole; j += 8) {
+    for (int k = 0; k < 8; ++k) take(j + k, k);
+  }
+  for (int64_t j = whole; j < s.block; ++j) take(j, static_cast<int>(j & 7));
+  float max_m = 0, max_v = 0;
+  for (int k = 0; k < 8; ++k) {
+    max_m = lanes_m[k] > max_m ? lanes_m[k] : max_m;
+    max_v = lanes_v[k] > max_v ? lanes_v[k] : max_v;
+  }
   s.ma[b] = max_m;
   s.va[b] = max_v;
   const float inv_m = 1.0f / std::max(max_m, 1e-30f), inv_v = 1.0f / std::max(max_v, 1e-30f);
   for (int64_t j = 0; j < s.block; ++j) {  // a NaN (from a NaN gradient) becomes the lower bound
-    m[j] = std::min(1.0f, std::max(-1.0f, m[j] * inv_m));
-    v[j] = std::min(1.0f, std::max(0.0f, v[j] * inv_v));
+    const float xm = m[j] * inv_m, xv = v[j] * inv_v;
+    const float cm = xm > -1.0f ? xm : -1.0f, cv = xv > 0.0f ? xv : 0.0f;
+    m[j] = cm < 1.0f ? cm : 1.0f;
+    v[j] = cv < 1.0f ? cv : 1.0f;
   }
 }
 
