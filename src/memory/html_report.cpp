@@ -186,11 +186,21 @@ TraceView view_trace(const Timeline& timeline, size_t buckets) {
   v.series = downsample_keep_peaks(full, buckets);
   v.step_starts = step_starts(events);
   v.phases = phase_spans(events, v.end_us);
-  v.steps = timeline.steps;
-  v.steps_from_events = v.steps.empty();
-  if (v.steps_from_events) v.steps = steps_from_samples(full);
   v.devices = alloc_devices(events);
   v.note = capture_note(timeline);
+  const std::vector<Tracker::StepSummary> replayed = steps_from_samples(full);
+  v.steps = timeline.steps;
+  v.steps_from_events = v.steps.empty();
+  if (v.steps_from_events) {
+    v.steps = replayed;
+  } else if (v.note.empty()) {  // every step's events are in the trace
+    for (Tracker::StepSummary& s : v.steps) {
+      const auto r = std::find_if(replayed.begin(), replayed.end(), [&](const Tracker::StepSummary& x) { return x.step == s.step; });
+      if (r == replayed.end() || r->peak_bytes != s.peak_bytes) continue;  // keep the summary as written
+      s.breakdown = r->breakdown;
+      ++v.steps_recategorized;
+    }
+  }
   return v;
 }
 
@@ -246,7 +256,8 @@ void write_trace(io::JsonWriter& w, const std::string& name, const TraceView& v)
     write_breakdown(w, s.breakdown);
     w.end_array();
   }
-  w.end_array().key("steps_from_events").value(v.steps_from_events).end_object();
+  w.end_array().key("steps_from_events").value(v.steps_from_events);
+  w.key("steps_recategorized").value(static_cast<int64_t>(v.steps_recategorized)).end_object();
 }
 
 // JSON never has '<' outside strings, and inside them \u003c means the same: with none left,
@@ -651,8 +662,12 @@ const char* kScript = R"HTML(</script>
   function stepTable(tr) {
     var div = el('div', 'per-step'), steps = tr.steps;
     var h = el('h3', null, 'Per-step peaks ');
-    h.appendChild(el('span', null, tr.steps_from_events ? '(from the events: the trace has no step summaries)'
-                                                        : '(' + steps.length + ' steps; categories as tagged when allocated)'));
+    var basis = tr.steps_from_events ? 'from the events: the trace has no step summaries'
+              : tr.steps_recategorized === steps.length ? steps.length + ' steps; categories as in the chart'
+              : tr.steps_recategorized === 0 ? steps.length + ' steps; categories as tagged when allocated'
+              : steps.length + ' steps; categories as in the chart for ' + tr.steps_recategorized +
+                ', as tagged when allocated for the rest';
+    h.appendChild(el('span', null, '(' + basis + ')'));
     div.appendChild(h);
     var cols = [];
     CATS.forEach(function (name, c) {

@@ -96,6 +96,22 @@ TEST(HtmlReport, ViewHasStepsPhasesAndTheTraceSummaries) {
   EXPECT_EQ(v.devices, std::vector<std::string>{"cpu"});
 }
 
+TEST(HtmlReport, StepTableTakesTheChartsCategoriesWhereThePeaksAgree) {
+  // The tracker tags at allocation; say its summary of step 1 had the activation as a gradient.
+  memory::Timeline t = memory::read_timeline(kTrace);
+  t.steps[1].breakdown = memory::CategoryBytes{};
+  t.steps[1].breakdown[static_cast<int>(Category::parameter)] = 1000;
+  t.steps[1].breakdown[static_cast<int>(Category::gradient)] = 1100;
+  const memory::TraceView v = memory::view_trace(t);
+  EXPECT_EQ(v.steps_recategorized, 1u);
+  EXPECT_EQ(v.steps[1].peak_bytes, 2100);
+  EXPECT_EQ(bytes_in(v.steps[1].breakdown, Category::gradient), 1000);  // as the replay has it
+  EXPECT_EQ(bytes_in(v.steps[1].breakdown, Category::activation), 100);
+  // step 0's summary (2000) disagrees with the replay's peak (2300): kept as written
+  EXPECT_EQ(v.steps[0].peak_bytes, 2000);
+  EXPECT_EQ(bytes_in(v.steps[0].breakdown, Category::activation), 0);
+}
+
 TEST(HtmlReport, StepPeaksComeFromTheEventsWithoutSummaries) {
   memory::Timeline t = memory::read_timeline(kTrace);
   t.steps.clear();

@@ -61,8 +61,13 @@ struct TraceView {
   LiveSample peak;                    // exact, from the full replay
   std::vector<std::pair<int64_t, int64_t>> step_starts;  // (step, time_us) where the step field changes
   std::vector<PhaseSpan> phases;      // innermost open phase between phase_begin and phase_end
-  std::vector<Tracker::StepSummary> steps;  // the trace's summaries, or derived from the events
-  bool steps_from_events = false;
+  // Per-step peaks. The trace's summaries carry categories as tagged when each buffer was allocated
+  // (the tracker cannot know yet that a buffer will be freed inside its scope, i.e. is temporary);
+  // where the events cover the step and give the same peak, the breakdown is taken from the replay
+  // instead, so the table and the chart agree. Traces without summaries get them from the events.
+  std::vector<Tracker::StepSummary> steps;
+  bool steps_from_events = false;    // no summaries in the trace
+  size_t steps_recategorized = 0;    // summaries whose breakdown now comes from the replay
   std::string note;                   // what the chart leaves out (bounded capture), or empty
 };
 
