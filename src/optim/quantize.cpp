@@ -13,9 +13,12 @@
 #endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -64,7 +67,7 @@ namespace {
 
 // The maps and their midpoints, made once per (signedness, bits, device) and shared by all buffers.
 struct SharedMap {
-  at::Tensor map, boundaries, lut;
+  at::Tensor map, boundaries, lut, lut_boundaries;
 };
 
 SharedMap shared_map(bool is_signed, int bits, at::Device device) {
@@ -88,9 +91,13 @@ SharedMap shared_map(bool is_signed, int bits, at::Device device) {
     const at::Tensor at_high = codes_of(at::where(negative, low_bits, high_bits));  // and highest
     TORCH_CHECK((at_high - at_low).max().item<int64_t>() <= 1, "code map: a 17-bit cell holds two midpoints");
     const at::Tensor lut = at_low.to(at::kByte);
-    entry = {map.to(device), boundaries.to(device), lut};
+    // The midpoints and +inf after them: the comparison needs no bounds check for the last code.
+    const at::Tensor lut_boundaries = at::cat({boundaries, at::full({1}, std::numeric_limits<float>::infinity())});
+    entry = {map.to(device), boundaries.to(device), lut, lut_boundaries};
     // Constant tables shared by every buffer of the process: not any one optimizer's state.
-    for (const at::Tensor* t : {&entry.map, &entry.boundaries, &entry.lut}) memory::tag(*t, memory::Category::other);
+    for (const at::Tensor* t : {&entry.map, &entry.boundaries, &entry.lut, &entry.lut_boundaries}) {
+      memory::tag(*t, memory::Category::other);
+    }
   }
   return entry;
 }
@@ -105,6 +112,7 @@ QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is
   map_ = shared.map;
   boundaries_ = shared.boundaries;
   lut_ = shared.lut;
+  lut_boundaries_ = shared.lut_boundaries;
   const int64_t blocks = (numel + block - 1) / block;
   const auto u8 = at::TensorOptions().dtype(at::kByte).device(device);
   const int64_t zero_code = at::searchsorted(boundaries_, at::zeros({1}, map_.options())).item<int64_t>();
@@ -190,17 +198,16 @@ struct BlockStep {
   float *ma, *va;    // block scales
   const float *mmap, *vmap, *mb, *vb;
   const uint8_t *mlut, *vlut;
-  int mnb, vnb;  // boundaries per map
 };
 
 // The code of the map entry nearest x (already normalized to [-1, 1]), as searchsorted over the
 // midpoints gives it: the table's code for the lowest value of x's cell, plus one if x is above the
 // one midpoint the cell may hold.
-inline uint8_t nearest_code(float x, const uint8_t* lut, const float* boundaries, int n_boundaries) {
+inline uint8_t nearest_code(float x, const uint8_t* lut, const float* boundaries) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
   const int code = lut[bits >> 15];
-  return static_cast<uint8_t>(code + (code < n_boundaries && boundaries[code] < x));
+  return static_cast<uint8_t>(code + (boundaries[code] < x));  // boundaries[last code] is +inf
 }
 
 // The three parts of a block's step. Table look-ups are plain loads: on the processors we measured
@@ -214,9 +221,9 @@ __attribute__((noinline)) void decode_block(const uint8_t* codes, const float* m
 }
 
 // Normalized values to codes, one byte each.
-__attribute__((noinline)) void encode_block(const float* x, const uint8_t* lut, const float* boundaries, int n_boundaries,
-                                            uint8_t* codes, int64_t count) {
-  for (int64_t j = 0; j < count; ++j) codes[j] = nearest_code(x[j], lut, boundaries, n_boundaries);
+__attribute__((noinline)) void encode_block(const float* x, const uint8_t* lut, const float* boundaries, uint8_t* codes,
+                                            int64_t count) {
+  for (int64_t j = 0; j < count; ++j) codes[j] = nearest_code(x[j], lut, boundaries);
 }
 
 void unpack_nibbles_portable(const uint8_t* packed, uint8_t* out, int64_t count) {
@@ -353,8 +360,14 @@ FRUGAL_AVX2 void pack_nibbles_avx2(const uint8_t* codes, uint8_t* packed, int64_
   }
 }
 
+// FRUGAL_CPU_KERNELS=portable turns the AVX2 kernel off (to measure or test the portable one on
+// a machine that has AVX2), as ATEN_CPU_CAPABILITY does for ATen's kernels.
 bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
+  static const bool has = [] {
+    const char* choice = std::getenv("FRUGAL_CPU_KERNELS");
+    if (choice && std::string(choice) == "portable") return false;
+    return static_cast<bool>(__builtin_cpu_supports("avx2"));
+  }();
   return has;
 }
 #endif
@@ -390,8 +403,8 @@ void adam_block(const BlockStep& s, int64_t b, bool vector) {
   {
     update_block_portable(s, b, m, v, count);
   }
-  encode_block(m, s.mlut, s.mb, s.mnb, Bits == 8 ? s.mc + base : mcodes, block);
-  encode_block(v, s.vlut, s.vb, s.vnb, Bits == 8 ? s.vc + base : vcodes, block);
+  encode_block(m, s.mlut, s.mb, Bits == 8 ? s.mc + base : mcodes, block);
+  encode_block(v, s.vlut, s.vb, Bits == 8 ? s.vc + base : vcodes, block);
   if (Bits == 4) {
 #if FRUGAL_X86_KERNELS
     if (vector) {
@@ -456,12 +469,10 @@ void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, Quanti
   s.va = v.absmax().data_ptr<float>();
   s.mmap = m.map_data();
   s.vmap = v.map_data();
-  s.mb = m.boundary_data();
-  s.vb = v.boundary_data();
+  s.mb = m.lut_boundary_data();
+  s.vb = v.lut_boundary_data();
   s.mlut = m.lut();
   s.vlut = v.lut();
-  s.mnb = static_cast<int>(m.levels() - 1);
-  s.vnb = static_cast<int>(v.levels() - 1);
   const int64_t first = begin / s.block, last = (end + s.block - 1) / s.block;
   if (m.bits() == 8) {
     adam_blocks<8>(s, first, last, kernel);

@@ -165,5 +165,25 @@ expect 0 "wrote" -- report "$tmp/train_trace.json" --memory-viz "$tmp/train_snap
 printf '{"events": [{"time_us": 1}]}' > "$tmp/bad_trace.json"
 expect 2 "missing key 'action'" -- report "$tmp/bad_trace.json" --memory-viz "$tmp/x.pickle"
 
+# bench optim-state: the documented keys; FRUGAL_CPU_KERNELS=portable switches the quantized kernel.
+for kernel in portable automatic; do
+  FRUGAL_CPU_KERNELS=$kernel expect 0 "" -- bench optim-state --params 16384 --runs 1 --json-out "$tmp/state_$kernel.json"
+  if python3 - "$tmp/state_$kernel.json" "$kernel" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["benchmark"] == "optim-state" and d["params_timed"] == 16384
+has_avx2 = " avx2 " in open("/proc/cpuinfo").read().replace("\n", " ")
+expected = "avx2" if sys.argv[2] == "automatic" and has_avx2 else "portable"
+assert d["quantized_kernel"] == expected, (d["quantized_kernel"], expected)
+p = d["precisions"]
+assert set(p) == {"fp32", "bf16", "int8", "int4"}
+bounds = {"fp32": (8, 8), "bf16": (4, 4), "int8": (2, 2.05), "int4": (1, 1.1)}
+for name, (lo, hi) in bounds.items():
+    assert lo <= p[name]["bytes_per_param"] <= hi, (name, p[name]["bytes_per_param"])
+    assert p[name]["step_time_ratio_vs_fp32"] > 0
+PY
+  then pass=$((pass + 1)); else echo "FAIL: bench optim-state JSON ($kernel kernel)"; failed=$((failed + 1)); fi
+done
+
 echo "$pass passed, $failed failed"
 [ "$failed" = 0 ]

@@ -45,12 +45,14 @@ class QuantizedBuffer {
   // Keeps the codes in `storage` (uint8, as many bytes as codes()) from now on, e.g. a mapped file.
   void move_codes_to(at::Tensor storage);
 
-  // The code of the map entry nearest each value (already divided by its block's absmax), as
-  // at::searchsorted over the midpoints would give, via a 64K-entry table on the value's top 16
-  // bits and a short correction. For the fused CPU kernels.
+  // For the fused CPU kernels: the code of the map entry nearest a value x (already divided by its
+  // block's absmax), exactly as at::searchsorted over the midpoints gives it, is
+  //   c = lut()[bits(x) >> 15];  c + (lut_boundary_data()[c] < x)
+  // (the table holds the code of the lowest value of each cell of fp32 values sharing their top 17
+  // bits; no cell holds two midpoints). lut_boundary_data(): the midpoints, then +inf.
   const uint8_t* lut() const { return lut_.data_ptr<uint8_t>(); }
+  const float* lut_boundary_data() const { return lut_boundaries_.data_ptr<float>(); }
   const float* map_data() const { return map_.data_ptr<float>(); }
-  const float* boundary_data() const { return boundaries_.data_ptr<float>(); }
   int64_t levels() const { return map_.numel(); }
 
  private:
@@ -58,7 +60,8 @@ class QuantizedBuffer {
   int bits_ = 8;
   bool signed_ = true;
   at::Tensor map_, boundaries_;  // the code map and the midpoints between its entries
-  at::Tensor lut_;               // uint8 (65536 + 4 spare): code of the value whose top 16 bits index it
+  at::Tensor lut_;               // uint8 (131072), CPU: see lut()
+  at::Tensor lut_boundaries_;    // fp32 (levels), CPU: the midpoints, then +inf
   at::Tensor codes_, absmax_;
 };
 
@@ -73,8 +76,9 @@ struct AdamStep {
   bool decoupled;  // AdamW
 };
 
-// automatic: AVX2 where the processor has it (checked at run time), else portable; portable: one
-// element at a time. Both do the same fp32 operations in the same order and give identical results.
+// automatic: AVX2 where the processor has it (checked at run time; the environment variable
+// FRUGAL_CPU_KERNELS=portable turns it off), else portable code the compiler vectorises for the
+// build's target. Both do the same fp32 operations in the same order and give identical results.
 enum class QuantKernel { automatic, portable };
 bool quant_kernel_vectorized();  // whether automatic picks the AVX2 kernel on this processor
 
