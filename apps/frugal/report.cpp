@@ -14,10 +14,10 @@ namespace frugal {
 namespace cli {
 namespace {
 
-memory::Timeline load_trace(const std::string& path) {
+memory::Trace load_trace(const std::string& path) {
   if (!io::is_regular_file(path)) throw UsageError("trace " + path + " cannot be read");
   try {
-    return memory::read_timeline(io::read_file(path));
+    return memory::read_trace(io::read_file(path));
   } catch (const std::invalid_argument& e) {
     throw UsageError(path + ": " + e.what());
   }
@@ -46,15 +46,15 @@ int run_report(int argc, char** argv) {
     throw UsageError("--memory-viz takes exactly one trace, got " + std::to_string(paths.size()));
   }
 
-  std::vector<memory::NamedTimeline> traces;
+  std::vector<memory::NamedTrace> traces;
   size_t n_events = 0;
   for (const std::string& path : paths) {
     traces.push_back({path, load_trace(path)});
-    n_events += traces.back().timeline.events.size();
+    n_events += traces.back().trace.events.size();
   }
   std::ostream& log = html_out == "-" || viz_out == "-" ? std::cerr : std::cout;  // keep stdout for the file
   if (!viz_out.empty()) {
-    write_output(viz_out, memory::memory_viz_pickle(traces.front().timeline.events));
+    write_output(viz_out, memory::memory_viz_pickle(traces.front().trace.events));
     log << "wrote " << viz_out << " from " << n_events << " events\n";
   }
   if (!html_out.empty()) {

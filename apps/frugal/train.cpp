@@ -11,6 +11,7 @@
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
+#include "frugal/memory/trace.h"
 #include "frugal/train/trainer.h"
 
 namespace frugal {
@@ -166,7 +167,10 @@ int run_train(int argc, char** argv) {
                 recipe.name.c_str(), static_cast<long long>(result.n_params), static_cast<long long>(result.last_step),
                 result.losses.empty() ? 0.0 : result.losses.back(), result.val_loss, result.tokens_per_s);
   summary << line;
-  print_estimate_table(summary, "peak memory per category (at the measured peak):", result.estimate, &result.peak);
+  const std::string heading = "peak memory per category (measured peak over " + memory::describe_coverage(result.peak) +
+                              ", reached in step " + std::to_string(result.peak.peak_step) + ", " +
+                              memory::phase_name(result.peak.peak_phase) + "):";
+  print_estimate_table(summary, heading.c_str(), result.estimate, &result.peak);
   summary << "estimated peak of the same job with every technique off: " << io::human_bytes(result.estimate_plain.peak_bytes)
           << " (measured peak is " << io::human_bytes(result.peak.peak_bytes) << ")\n";
   summary << "checkpoint: " << result.checkpoint << "\n";
@@ -185,7 +189,11 @@ int run_train(int argc, char** argv) {
     w.key("first_step").value(result.first_step).key("last_step").value(result.last_step);
     w.key("final_loss").value(result.losses.empty() ? 0.0 : result.losses.back()).key("val_loss").value(result.val_loss);
     w.key("tokens_per_s").value(result.tokens_per_s);
-    w.key("peak_bytes").value(result.peak.peak_bytes).key("by_category").begin_object();
+    w.key("peak_bytes").value(result.peak.peak_bytes);
+    w.key("peak_covers").begin_object().key("first_step").value(result.peak.covers_first_step);
+    w.key("last_step").value(result.peak.covers_last_step).end_object();
+    w.key("peak_step").value(result.peak.peak_step).key("peak_phase").value(memory::phase_name(result.peak.peak_phase));
+    w.key("by_category").begin_object();
     for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);
     w.end_object().key("estimate");
     write_estimate(w, result.estimate);

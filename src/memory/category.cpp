@@ -36,7 +36,7 @@ std::optional<Category> parse_category(const std::string& name) {
 Category default_category(Phase p) {
   switch (p) {
     case Phase::forward: return Category::activation;
-    case Phase::backward: return Category::gradient;
+    case Phase::backward: return Category::other;
     case Phase::optimizer: return Category::optimizer_state;
     case Phase::idle: return Category::other;
   }

@@ -10,29 +10,6 @@
 namespace frugal {
 namespace memory {
 
-int64_t LiveSample::total() const {
-  int64_t sum = 0;
-  for (int64_t b : bytes) sum += b;
-  return sum;
-}
-
-std::vector<LiveSample> replay_live_bytes(const std::vector<MemoryEvent>& events) {
-  std::vector<LiveSample> out;
-  LiveSample now;
-  bool first = true;
-  for (const MemoryEvent& e : events) {
-    if (e.action != Action::alloc && e.action != Action::free) continue;
-    // The tracker gives a free the final category of its allocation, as Tracker::peak_report does.
-    now.bytes[static_cast<int>(e.category)] += e.action == Action::alloc ? e.bytes : -e.bytes;
-    now.time_us = first ? e.time_us : std::max(now.time_us, e.time_us);
-    now.step = e.step;
-    now.phase = e.phase;
-    first = false;
-    out.push_back(now);
-  }
-  return out;
-}
-
 namespace {
 
 // Appends the samples of one bucket [begin, end): its largest and smallest totals, in time order.
@@ -71,14 +48,6 @@ std::vector<LiveSample> downsample_keep_peaks(const std::vector<LiveSample>& sam
   return out;
 }
 
-LiveSample peak_sample(const std::vector<LiveSample>& samples) {
-  LiveSample best;
-  for (const LiveSample& s : samples) {
-    if (&s == &samples.front() || s.total() > best.total()) best = s;
-  }
-  return best;
-}
-
 namespace {
 
 std::vector<std::pair<int64_t, int64_t>> step_starts(const std::vector<MemoryEvent>& events) {
@@ -114,24 +83,6 @@ std::vector<PhaseSpan> phase_spans(const std::vector<MemoryEvent>& events, int64
   return out;
 }
 
-// Per-step peaks from the replay, for traces without summaries. Like the tracker's, a step's peak
-// starts from what was live when it began.
-std::vector<Tracker::StepSummary> steps_from_samples(const std::vector<LiveSample>& samples) {
-  std::vector<Tracker::StepSummary> out;
-  CategoryBytes before{};
-  int64_t before_total = 0;
-  for (const LiveSample& s : samples) {
-    if (out.empty() || out.back().step != s.step) out.push_back({s.step, before_total, before});
-    if (s.total() > out.back().peak_bytes) {
-      out.back().peak_bytes = s.total();
-      out.back().breakdown = s.bytes;
-    }
-    before = s.bytes;
-    before_total = s.total();
-  }
-  return out;
-}
-
 std::string list_steps(const std::vector<int64_t>& steps) {
   if (steps.size() > 8) return std::to_string(steps.size()) + " steps";
   std::string out = steps.size() == 1 ? "step " : "steps ";
@@ -139,9 +90,9 @@ std::string list_steps(const std::vector<int64_t>& steps) {
   return out;
 }
 
-// With bounded capture (--trace-steps) the summaries cover every step but the events only some,
-// and memory allocated before the first kept event is not in the chart: say so.
-std::string capture_note(const Timeline& t) {
+// With bounded capture (--trace-steps) the summaries cover every step but the events only some:
+// say so, and that memory live when a kept step began is drawn as allocated then.
+std::string capture_note(const Trace& t) {
   std::set<int64_t> kept;
   for (const MemoryEvent& e : t.events) {
     if (e.action == Action::alloc) kept.insert(e.step);
@@ -155,7 +106,8 @@ std::string capture_note(const Timeline& t) {
   if (all_kept) return "";
   if (kept_steps.empty()) return "The trace has summaries of " + std::to_string(t.steps.size()) + " steps but no events of any.";
   return "Events were kept for " + list_steps(kept_steps) + " of " + std::to_string(t.steps.size()) +
-         ": the chart counts only memory allocated while events were kept; the table has every step.";
+         ": the chart shows those steps (memory live when one began is drawn as allocated at its start); the "
+         "table has every step.";
 }
 
 std::vector<std::string> alloc_devices(const std::vector<MemoryEvent>& events) {
@@ -170,8 +122,8 @@ std::vector<std::string> alloc_devices(const std::vector<MemoryEvent>& events) {
 
 }  // namespace
 
-TraceView view_trace(const Timeline& timeline, size_t buckets) {
-  const std::vector<MemoryEvent>& events = timeline.events;
+TraceView view_trace(const Trace& trace, size_t buckets) {
+  const std::vector<MemoryEvent>& events = trace.events;
   TraceView v;
   v.n_events = events.size();
   if (!events.empty()) {
@@ -187,20 +139,11 @@ TraceView view_trace(const Timeline& timeline, size_t buckets) {
   v.step_starts = step_starts(events);
   v.phases = phase_spans(events, v.end_us);
   v.devices = alloc_devices(events);
-  v.note = capture_note(timeline);
-  const std::vector<Tracker::StepSummary> replayed = steps_from_samples(full);
-  v.steps = timeline.steps;
+  v.note = capture_note(trace);
+  v.steps = trace.steps;
   v.steps_from_events = v.steps.empty();
-  if (v.steps_from_events) {
-    v.steps = replayed;
-  } else if (v.note.empty()) {  // every step's events are in the trace
-    for (Tracker::StepSummary& s : v.steps) {
-      const auto r = std::find_if(replayed.begin(), replayed.end(), [&](const Tracker::StepSummary& x) { return x.step == s.step; });
-      if (r == replayed.end() || r->peak_bytes != s.peak_bytes) continue;  // keep the summary as written
-      s.breakdown = r->breakdown;
-      ++v.steps_recategorized;
-    }
-  }
+  if (v.steps_from_events) v.steps = step_peaks(full);
+  v.steps_peak = peak_over_steps(v.steps);
   return v;
 }
 
@@ -233,7 +176,7 @@ void write_series(io::JsonWriter& w, const TraceView& v) {
   w.end_array();
 }
 
-void write_trace(io::JsonWriter& w, const std::string& name, const TraceView& v) {
+void write_view(io::JsonWriter& w, const std::string& name, const TraceView& v) {
   w.begin_object().key("name").value(name).key("events").value(static_cast<int64_t>(v.n_events));
   w.key("devices").begin_array();
   for (const std::string& d : v.devices) w.value(d);
@@ -243,6 +186,9 @@ void write_trace(io::JsonWriter& w, const std::string& name, const TraceView& v)
   w.key("step").value(v.peak.step).key("phase").value(phase_name(v.peak.phase)).key("breakdown");
   write_breakdown(w, v.peak.bytes);
   w.end_object();
+  // The run's peak as its summary reports it: over the step summaries.
+  w.key("steps_peak").begin_object().key("bytes").value(v.steps_peak.peak_bytes).key("step").value(v.steps_peak.peak_step);
+  w.key("phase").value(phase_name(v.steps_peak.peak_phase)).key("covers").value(describe_coverage(v.steps_peak)).end_object();
   // Markers and table rows as small arrays: [step, t], [phase, begin, end], [step, peak, breakdown].
   w.key("step_starts").begin_array();
   for (const auto& [step, t] : v.step_starts) w.begin_array().value(step).value(t - v.start_us).end_array();
@@ -256,8 +202,7 @@ void write_trace(io::JsonWriter& w, const std::string& name, const TraceView& v)
     write_breakdown(w, s.breakdown);
     w.end_array();
   }
-  w.end_array().key("steps_from_events").value(v.steps_from_events);
-  w.key("steps_recategorized").value(static_cast<int64_t>(v.steps_recategorized)).end_object();
+  w.end_array().key("steps_from_events").value(v.steps_from_events).end_object();
 }
 
 // JSON never has '<' outside strings, and inside them \u003c means the same: with none left,
@@ -663,10 +608,7 @@ const char* kScript = R"HTML(</script>
     var div = el('div', 'per-step'), steps = tr.steps;
     var h = el('h3', null, 'Per-step peaks ');
     var basis = tr.steps_from_events ? 'from the events: the trace has no step summaries'
-              : tr.steps_recategorized === steps.length ? steps.length + ' steps; categories as in the chart'
-              : tr.steps_recategorized === 0 ? steps.length + ' steps; categories as tagged when allocated'
-              : steps.length + ' steps; categories as in the chart for ' + tr.steps_recategorized +
-                ', as tagged when allocated for the rest';
+              : steps.length + ' steps, as the run summarised them';
     h.appendChild(el('span', null, '(' + basis + ')'));
     div.appendChild(h);
     var cols = [];
@@ -695,13 +637,19 @@ const char* kScript = R"HTML(</script>
     return div;
   }
 
+  function steps_covered(tr) { return tr.steps.some(function (s) { return s[0] >= 0; }); }
+
   function card(tr, ys) {
     var section = el('section', 'trace');
     section.appendChild(el('h2', null, tr.name));
     var meta = [tr.events.toLocaleString('en-US') + ' events', formatMs(tr.duration_us)];
     if (tr.devices.length) meta.push(tr.devices.join(' + '));
-    meta.push('peak ' + humanBytes(tr.peak.bytes) + ' at ' + formatMs(tr.peak.t) + ' (' +
-              (tr.peak.step >= 0 ? 'step ' + tr.peak.step + ', ' : '') + tr.peak.phase + ')');
+    if (steps_covered(tr)) {
+      meta.push('peak over ' + tr.steps_peak.covers + ' ' + humanBytes(tr.steps_peak.bytes) + ' (step ' +
+                tr.steps_peak.step + ', ' + tr.steps_peak.phase + ')');
+    }
+    meta.push('whole trace ' + humanBytes(tr.peak.bytes) + ' at ' + formatMs(tr.peak.t) + ' (' +
+              (tr.peak.step >= 0 ? 'step ' + tr.peak.step + ', ' : 'set-up, ') + tr.peak.phase + ')');
     section.appendChild(el('p', 'meta', meta.join(' \u00b7 ')));
     if (tr.note) section.appendChild(el('p', 'note', tr.note));
     section.appendChild(legend(tr));
@@ -738,13 +686,13 @@ const char* kScript = R"HTML(</script>
 
 }  // namespace
 
-std::string html_report(const std::vector<NamedTimeline>& traces) {
+std::string html_report(const std::vector<NamedTrace>& traces) {
   std::ostringstream data;
   io::JsonWriter w(data, -1);  // compact: the page carries it
   w.begin_object().key("categories").begin_array();
   for (Category c : kAllCategories) w.value(category_name(c));
   w.end_array().key("traces").begin_array();
-  for (const NamedTimeline& t : traces) write_trace(w, t.name, view_trace(t.timeline));
+  for (const NamedTrace& t : traces) write_view(w, t.name, view_trace(t.trace));
   w.end_array().end_object();
   return std::string(kHead) + script_safe(data.str()) + kScript;
 }

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "frugal/io/json.h"
+#include "frugal/memory/trace.h"
 
 namespace frugal {
 namespace memory {
@@ -121,25 +121,32 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   const int64_t step = step_.load();
   if (size > 0) {
     const bool record = capturing();
-    live_.insert_or_assign(ptr, Allocation{size, record ? events_.size() : kNotRecorded, scope_id, category, device});
+    ++seq_;
+    live_.insert_or_assign(ptr, Allocation{size, record ? events_.size() : kNotRecorded, scope_id, seq_, category, device});
     if (record) {
       events_.push_back(MemoryEvent{t, Action::alloc, size, category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
     }
     dev->live += size;
-    const int c = static_cast<int>(category);
-    category_live_[c] += size;
-    live_max_by_category_[c] = std::max(live_max_by_category_[c], category_live_[c]);
+    category_live_[static_cast<int>(category)] += size;
     total_live_ += size;
     if (limit_ > 0 && total_live_ > limit_ && !limit_report_.exceeded) {
       limit_report_ = LimitReport{true, false, total_live_, size, step, phase, category_live_};
+      limit_seq_ = seq_;
     }
-    if (total_live_ > peak_) {
-      peak_ = total_live_;
-      live_breakdown_at_peak_ = category_live_;
+    if (total_live_ > peak_.peak_bytes) {
+      peak_.peak_bytes = total_live_;
+      peak_.peak_time_us = t;
+      peak_.peak_step = step;
+      peak_.peak_phase = phase;
+      peak_.breakdown = category_live_;
+      peak_seq_ = seq_;
     }
     if (total_live_ > current_summary_.peak_bytes) {
       current_summary_.peak_bytes = total_live_;
+      current_summary_.time_us = t;
+      current_summary_.phase = phase;
       current_summary_.breakdown = category_live_;
+      current_summary_seq_ = seq_;
     }
     return;
   }
@@ -148,20 +155,39 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
     untracked_frees_.fetch_add(1);
     return;
   }
-  Allocation a = it->second;
+  // Rule 2: made and freed while its scope is open, so it was a temporary all along.
+  if (it->second.scope_id != 0 && open_scopes_.count(it->second.scope_id)) settle(it->second, Category::temporary);
+  const Allocation a = it->second;
   live_.erase(it);
   dev->live -= a.bytes;
   category_live_[static_cast<int>(a.category)] -= a.bytes;
   total_live_ -= a.bytes;
-  Category final_category = a.category;
-  if (open_scopes_.count(a.scope_id)) {
-    // Made and freed inside the same scope: a temporary, in the timeline too.
-    final_category = Category::temporary;
-    if (a.event_index != kNotRecorded) events_[a.event_index].category = Category::temporary;
-  }
   if (a.event_index != kNotRecorded) {  // its allocation is in the timeline, so its free is too
-    events_.push_back(MemoryEvent{t, Action::free, a.bytes, final_category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
+    events_.push_back(MemoryEvent{t, Action::free, a.bytes, a.category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
   }
+}
+
+void Tracker::settle(Allocation& a, Category category) {
+  const int from = static_cast<int>(a.category), to = static_cast<int>(category);
+  if (from == to) return;
+  // A moment recorded at seq r saw this allocation live exactly when a.seq <= r: it is live now,
+  // and every record was taken before now.
+  auto move = [&](int64_t record_seq, CategoryBytes& bytes) {
+    if (record_seq < a.seq) return;
+    bytes[from] -= a.bytes;
+    bytes[to] += a.bytes;
+  };
+  category_live_[from] -= a.bytes;
+  category_live_[to] += a.bytes;
+  move(peak_seq_, peak_.breakdown);
+  move(current_summary_seq_, current_summary_.breakdown);
+  if (limit_report_.exceeded) move(limit_seq_, limit_report_.by_category);
+  for (size_t i = static_cast<size_t>(std::lower_bound(summary_seqs_.begin(), summary_seqs_.end(), a.seq) - summary_seqs_.begin());
+       i < summaries_.size(); ++i) {
+    move(summary_seqs_[i], summaries_[i].breakdown);
+  }
+  if (a.event_index != kNotRecorded) events_[a.event_index].category = category;
+  a.category = category;
 }
 
 int64_t Tracker::open_scope(bool reclassify_transients) {
@@ -175,12 +201,8 @@ bool Tracker::retag(const void* ptr, Category category) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(const_cast<void*>(ptr));
   if (it == live_.end()) return false;
-  Allocation& a = it->second;
-  category_live_[static_cast<int>(a.category)] -= a.bytes;
-  category_live_[static_cast<int>(category)] += a.bytes;
-  a.category = category;
-  a.scope_id = 0;  // no scope: never reclassified as temporary
-  if (a.event_index != kNotRecorded) events_[a.event_index].category = category;
+  settle(it->second, category);   // rule 1: from its allocation on
+  it->second.scope_id = 0;        // and never temporary
   return true;
 }
 
@@ -193,21 +215,41 @@ void Tracker::mark(Action action, Phase phase) {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!capturing()) return;
-  events_.push_back(
-      MemoryEvent{t, action, 0, default_category(phase), phase, c10::Device(c10::kCPU), 0, step_.load()});
+  events_.push_back(MemoryEvent{t, action, 0, Category::other, phase, c10::Device(c10::kCPU), 0, step_.load()});
 }
 
 void Tracker::mark_step(int64_t step) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (current_summary_.step >= 0) summaries_.push_back(current_summary_);
-    current_summary_ = StepSummary{step, total_live_, category_live_};
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (current_summary_.step >= 0) {
+    summaries_.push_back(current_summary_);
+    summary_seqs_.push_back(current_summary_seq_);
   }
+  current_summary_ = StepSummary{step, total_live_, t, Phase::idle, category_live_};
+  current_summary_seq_ = seq_;
   step_.store(step);
-  mark(Action::step, Phase::idle);
+  const bool now_capturing = capturing();
+  if (now_capturing && !was_capturing_) record_live_allocations(t);
+  was_capturing_ = now_capturing;
+  if (now_capturing) {
+    events_.push_back(MemoryEvent{t, Action::step, 0, Category::other, Phase::idle, c10::Device(c10::kCPU), 0, step});
+  }
 }
 
-bool Tracker::capturing() const {
+void Tracker::record_live_allocations(int64_t time_us) {
+  std::vector<std::pair<void*, Allocation*>> missing;
+  for (auto& [ptr, a] : live_) {
+    if (a.event_index == kNotRecorded) missing.emplace_back(ptr, &a);
+  }
+  std::sort(missing.begin(), missing.end(), [](const auto& x, const auto& y) { return x.second->seq < y.second->seq; });
+  for (auto& [ptr, a] : missing) {
+    a->event_index = events_.size();
+    events_.push_back(MemoryEvent{time_us, Action::alloc, a->bytes, a->category, Phase::idle, a->device,
+                                  reinterpret_cast<uint64_t>(ptr), step_.load()});
+  }
+}
+
+bool Tracker::capturing() const {  // mutex_ held
   if (!keep_events_) return false;
   return capture_steps_.empty() || std::binary_search(capture_steps_.begin(), capture_steps_.end(), step_.load());
 }
@@ -216,6 +258,7 @@ void Tracker::set_capture_steps(std::vector<int64_t> steps) {
   std::sort(steps.begin(), steps.end());
   std::lock_guard<std::mutex> lock(mutex_);
   capture_steps_ = std::move(steps);
+  was_capturing_ = capturing();
 }
 
 std::vector<Tracker::StepSummary> Tracker::step_summaries() const {
@@ -240,6 +283,7 @@ void Tracker::on_out_of_memory(int64_t requested_bytes, Phase phase) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (limit_report_.exceeded) return;
   limit_report_ = LimitReport{true, true, total_live_, requested_bytes, step_.load(), phase, category_live_};
+  limit_seq_ = seq_;
 }
 
 int64_t Tracker::live_bytes() const {
@@ -262,55 +306,21 @@ CategoryBytes Tracker::live_by_category() const {
 
 int64_t Tracker::peak_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return peak_;
+  return peak_.peak_bytes;
 }
 
 void Tracker::reset_peak() {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
-  peak_ = total_live_;
-  live_breakdown_at_peak_ = category_live_;
-  live_max_by_category_ = category_live_;
-  peak_since_event_ = events_.size();
-  peak_since_us_ = t;
+  const int64_t step = step_.load();
+  peak_ = PeakReport{total_live_, t, step, Phase::idle, category_live_, step, step};
+  peak_seq_ = seq_;
 }
 
-PeakReport Tracker::peak_report(std::optional<c10::Device> device) const {
+PeakReport Tracker::peak_report() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  PeakReport r;
-  if (!keep_events_ || !capture_steps_.empty()) {  // no full timeline to replay: the live maxima
-    r.peak_bytes = peak_;
-    r.breakdown = live_breakdown_at_peak_;
-    r.max_by_category = live_max_by_category_;
-    r.peak_step = step_.load();
-    return r;
-  }
-  CategoryBytes live{};
-  int64_t total = 0;
-  bool seeded = false;
-  // Considers the current state as a peak candidate (the state at the reset counts too).
-  auto consider = [&](int64_t time_us, int64_t step) {
-    if (!seeded || total > r.peak_bytes) {
-      r.peak_bytes = total;
-      r.peak_time_us = time_us;
-      r.peak_step = step;
-      r.breakdown = live;
-    }
-    for (int c = 0; c < kNumCategories; ++c) r.max_by_category[c] = std::max(r.max_by_category[c], live[c]);
-    seeded = true;
-  };
-  for (size_t i = 0; i < events_.size(); ++i) {
-    const MemoryEvent& e = events_[i];
-    if (e.action != Action::alloc && e.action != Action::free) continue;
-    if (device && e.device != *device) continue;
-    const bool counts = i >= peak_since_event_;
-    if (counts && !seeded) consider(e.time_us, e.step);
-    const int64_t signed_bytes = e.action == Action::alloc ? e.bytes : -e.bytes;
-    live[static_cast<int>(e.category)] += signed_bytes;
-    total += signed_bytes;
-    if (counts) consider(e.time_us, e.step);
-  }
-  if (!seeded) consider(peak_since_us_, step_.load());
+  PeakReport r = peak_;
+  r.covers_last_step = step_.load();
   return r;
 }
 
@@ -326,35 +336,14 @@ std::vector<c10::Device> Tracker::devices() const {
   return out;
 }
 
-void Tracker::write_timeline_json(std::ostream& out) const {
-  const std::vector<MemoryEvent> evs = events();
-  io::JsonWriter w(out, 0);
-  w.begin_object().key("categories").begin_array();
-  for (Category c : kAllCategories) w.value(category_name(c));
-  w.end_array().key("steps").begin_array();
-  for (const StepSummary& s : step_summaries()) {
-    out << '\n';
-    w.begin_object().key("step").value(s.step).key("peak_bytes").value(s.peak_bytes).key("breakdown").begin_object();
-    for (Category c : kAllCategories) w.key(category_name(c)).value(s.breakdown[static_cast<int>(c)]);
-    w.end_object().end_object();
-  }
-  w.end_array().key("events").begin_array();
-  for (const MemoryEvent& e : evs) {
-    out << '\n';
-    w.begin_object()
-        .key("time_us").value(e.time_us)
-        .key("action").value(action_name(e.action))
-        .key("bytes").value(e.bytes)
-        .key("category").value(category_name(e.category))
-        .key("phase").value(phase_name(e.phase))
-        .key("device").value(e.device.str())
-        .key("step").value(e.step)
-        .key("addr").value(static_cast<int64_t>(e.addr))
-        .end_object();
-  }
-  w.end_array().end_object();
-  out << '\n';
+Trace Tracker::trace() const {
+  Trace t;
+  t.events = events();
+  t.steps = step_summaries();
+  return t;
 }
+
+void Tracker::write_timeline_json(std::ostream& out) const { write_trace(out, trace()); }
 
 // ---- guards ----
 

@@ -82,12 +82,14 @@ struct Optimizer::Impl {
     apply_update(hyper(p.group), p.state, p.tensor, grad);
   }
 
-  // In-backward: the gradient of params[i] is complete.
+  // The gradient of params[i] is complete (autograd accumulated it): it is a gradient from its
+  // allocation on, for the tracker; in in-backward mode it is used and freed now.
   void on_gradient(size_t i) {
     Param& p = params[i];
     at::Tensor grad = p.tensor.grad();
     if (!grad.defined()) return;
     memory::tag(grad, memory::Category::gradient);
+    if (options.mode() != Mode::in_backward) return;
     at::NoGradGuard no_grad;
     if (pass == Pass::measure_norm) {
       const at::Tensor n = grad.norm().to(at::kDouble);
@@ -109,9 +111,9 @@ struct Optimizer::Impl {
 
 namespace {
 
-class StepOnGradient : public torch::autograd::FunctionPostHook {
+class GradientReady : public torch::autograd::FunctionPostHook {
  public:
-  StepOnGradient(std::weak_ptr<Optimizer::Impl> impl, size_t index) : impl_(std::move(impl)), index_(index) {}
+  GradientReady(std::weak_ptr<Optimizer::Impl> impl, size_t index) : impl_(std::move(impl)), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list& /*inputs*/) override {
     if (auto impl = impl_.lock()) impl->on_gradient(index_);
@@ -188,14 +190,15 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
       impl_->params.push_back({group.names[i], group.params[i], g, {}});
     }
   }
-  if (options.mode() == Mode::in_backward) {
-    for (size_t i = 0; i < impl_->params.size(); ++i) {
-      const at::Tensor& p = impl_->params[i].tensor;
-      TORCH_CHECK(p.is_leaf(), "optimizer: parameter '", impl_->params[i].name, "' is not a leaf tensor");
-      auto acc = torch::autograd::impl::grad_accumulator(p);
-      const uintptr_t key = acc->add_post_hook(std::make_unique<StepOnGradient>(impl_, i));
-      impl_->hooks.push_back({acc, key});
-    }
+  // Both modes hook each parameter's AccumulateGrad node: standard mode only to tag the gradient
+  // for the memory tracker (so .grad, and nothing else backward makes, is 'gradient').
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    const at::Tensor& p = impl_->params[i].tensor;
+    if (options.mode() != Mode::in_backward && !p.is_leaf()) continue;
+    TORCH_CHECK(p.is_leaf(), "optimizer: parameter '", impl_->params[i].name, "' is not a leaf tensor");
+    auto acc = torch::autograd::impl::grad_accumulator(p);
+    const uintptr_t key = acc->add_post_hook(std::make_unique<GradientReady>(impl_, i));
+    impl_->hooks.push_back({acc, key});
   }
 }
 

@@ -11,6 +11,7 @@
 #include "frugal/checkpoint/policy.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
+#include "frugal/memory/trace.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/models/transformer_block.h"
 
@@ -56,7 +57,7 @@ struct StepMeasure {
 StepMeasure measure_step(memory::Tracker& tracker, const Stack& stack, const at::Tensor& x, const Runner& run) {
   clear_grads(stack.params);
   StepMeasure m;
-  tracker.reset_peak();
+  const size_t first_event = tracker.events().size();
   const int64_t before = tracker.live_bytes();
   at::Tensor loss;
   {
@@ -69,7 +70,7 @@ StepMeasure measure_step(memory::Tracker& tracker, const Stack& stack, const at:
     loss.backward();
   }
   loss.reset();
-  m.activation_peak = tracker.peak_report().max_by_category[static_cast<int>(Category::activation)];
+  m.activation_peak = memory::max_by_category(tracker.events(), first_event)[static_cast<int>(Category::activation)];
   for (const auto& p : stack.params) m.grads.push_back(p.grad().clone());
   clear_grads(stack.params);
   return m;
@@ -193,6 +194,7 @@ AccountResult run_memory_account(const AccountConfig& config,
       memory::PhaseScope phase(Phase::backward);
       loss.backward();
     }
+    for (const auto& p : stack.params) memory::tag(p.grad(), Category::gradient);  // torch::optim does not tag
     for (const auto& p : stack.params) result.grad_bytes.tensors += tensor_bytes(p.grad());
     result.grad_bytes.formula = result.n_params_formula * 4;
     result.grad_bytes.tracked = category_bytes(*tracker, Category::gradient);

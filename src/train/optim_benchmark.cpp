@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "frugal/checkpoint/policy.h"
+#include "frugal/memory/trace.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/models/transformer_block.h"
 #include "frugal/optim/optimizer.h"
@@ -92,14 +93,15 @@ MemoryMeasure measure(Trainer& t, const std::vector<at::Tensor>& batches) {
   auto tracker = memory::Tracker::create();
   MemoryMeasure m;
   memory::TrackingGuard on(tracker);
+  size_t steady_from = 0;  // the first event of the second step: the first also creates the optimizer state
   for (size_t i = 0; i < batches.size(); ++i) {
     memory::mark_step(static_cast<int64_t>(i));
-    if (i == 1) tracker->reset_peak();  // the first step also creates the optimizer state
+    if (i == 1) steady_from = tracker->events().size();
     m.kept = t.step(batches[i], tracker.get());
   }
-  const auto report = tracker->peak_report();
-  m.peak = report.peak_bytes;
-  m.max_live_grads = report.max_by_category[static_cast<int>(Category::gradient)];
+  const auto steady = memory::peak_over_steps(tracker->step_summaries(), 1);
+  m.peak = steady.peak_bytes;
+  m.max_live_grads = memory::max_by_category(tracker->events(), steady_from)[static_cast<int>(Category::gradient)];
   return m;
 }
 

@@ -16,6 +16,7 @@
 #include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/units.h"
+#include "frugal/memory/trace.h"
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/optim/schedule.h"
 #include "frugal/train/run_state.h"
@@ -304,7 +305,6 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
   const int64_t stop = options.stop_after() >= 0 ? std::min(options.stop_after(), r.steps) : r.steps;
   for (int64_t step = start; step < stop; ++step) {
     memory::mark_step(step);
-    if (step == start + 1) tracker->reset_peak();  // the first step also creates the optimizer state
     const auto [x, y] = batch(step);
     at::Tensor loss;
     try {
@@ -378,7 +378,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
   result.last_step = std::max(start, stop);
   const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
   result.tokens_per_s = static_cast<double>((result.last_step - start) * r.batch_size * r.seq_len) / std::max(elapsed, 1e-9);
-  result.peak = tracker->peak_report();
+  result.peak = memory::peak_over_steps(tracker->step_summaries(), start);  // every step this run took
   result.val_loss = evaluate();
   std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", static_cast<long long>(result.last_step), result.val_loss);
   std::fclose(metrics);

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "frugal/checkpoint/planner.h"
-#include "frugal/memory/tracker.h"
+#include "frugal/memory/trace.h"
 #include "frugal/models/transformer_block.h"
 
 using namespace frugal;
@@ -140,7 +140,7 @@ TEST(Planner, MeasuredPeakOnARealStackIsWithinTenPercentOfThePrediction) {
       loss.backward();
     }
     const int64_t measured =
-        tracker->peak_report().max_by_category[static_cast<int>(memory::Category::activation)];
+        memory::max_by_category(tracker->events())[static_cast<int>(memory::Category::activation)];
     EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(plan->predicted_bytes), 1.0, 0.10)
         << plan->describe() << " measured " << measured << " predicted " << plan->predicted_bytes;
     for (size_t i = 0; i < params.size(); ++i) {

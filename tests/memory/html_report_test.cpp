@@ -9,7 +9,7 @@
 #include <string>
 
 #include "frugal/memory/html_report.h"
-#include "frugal/memory/memory_viz.h"
+#include "frugal/memory/trace.h"
 
 using namespace frugal;
 using memory::Category;
@@ -44,25 +44,25 @@ const char* kTrace = R"({"categories": ["parameter", "gradient", "optimizer_stat
 }  // namespace
 
 TEST(HtmlReport, ReadsEventsAndStepSummaries) {
-  const memory::Timeline t = memory::read_timeline(kTrace);
+  const memory::Trace t = memory::read_trace(kTrace);
   EXPECT_EQ(t.events.size(), 14u);
   ASSERT_EQ(t.steps.size(), 2u);
   EXPECT_EQ(t.steps[1].step, 1);
   EXPECT_EQ(t.steps[1].peak_bytes, 2100);
   EXPECT_EQ(bytes_in(t.steps[1].breakdown, Category::activation), 100);
   EXPECT_EQ(bytes_in(t.steps[1].breakdown, Category::optimizer_state), 0);
-  EXPECT_EQ(memory::read_timeline_json(kTrace).size(), 14u);
+  EXPECT_EQ(memory::read_trace(kTrace).events.size(), 14u);
 }
 
 TEST(HtmlReport, BadStepSummariesAreErrors) {
-  EXPECT_THROW(memory::read_timeline(R"({"steps": [{"step": 0, "peak_bytes": 1, "breakdown": {"weights": 1}}], "events": []})"),
+  EXPECT_THROW(memory::read_trace(R"({"steps": [{"step": 0, "peak_bytes": 1, "breakdown": {"weights": 1}}], "events": []})"),
                std::invalid_argument);
-  EXPECT_THROW(memory::read_timeline(R"({"steps": [{"step": 0}], "events": []})"), std::invalid_argument);
-  EXPECT_NO_THROW(memory::read_timeline(R"({"events": []})"));  // no summaries at all is fine
+  EXPECT_THROW(memory::read_trace(R"({"steps": [{"step": 0}], "events": []})"), std::invalid_argument);
+  EXPECT_NO_THROW(memory::read_trace(R"({"events": []})"));  // no summaries at all is fine
 }
 
 TEST(HtmlReport, ReplayGivesThePeakAndItsBreakdown) {
-  const memory::Timeline t = memory::read_timeline(kTrace);
+  const memory::Trace t = memory::read_trace(kTrace);
   const auto samples = memory::replay_live_bytes(t.events);
   ASSERT_EQ(samples.size(), 8u);  // one per alloc or free
   EXPECT_EQ(samples.back().total(), 2000);
@@ -78,7 +78,7 @@ TEST(HtmlReport, ReplayGivesThePeakAndItsBreakdown) {
 }
 
 TEST(HtmlReport, ViewHasStepsPhasesAndTheTraceSummaries) {
-  const memory::TraceView v = memory::view_trace(memory::read_timeline(kTrace));
+  const memory::TraceView v = memory::view_trace(memory::read_trace(kTrace));
   EXPECT_EQ(v.start_us, 10);
   EXPECT_EQ(v.end_us, 53);
   EXPECT_EQ(v.n_events, 14u);
@@ -96,24 +96,21 @@ TEST(HtmlReport, ViewHasStepsPhasesAndTheTraceSummaries) {
   EXPECT_EQ(v.devices, std::vector<std::string>{"cpu"});
 }
 
-TEST(HtmlReport, StepTableTakesTheChartsCategoriesWhereThePeaksAgree) {
-  // The tracker tags at allocation; say its summary of step 1 had the activation as a gradient.
-  memory::Timeline t = memory::read_timeline(kTrace);
-  t.steps[1].breakdown = memory::CategoryBytes{};
-  t.steps[1].breakdown[static_cast<int>(Category::parameter)] = 1000;
-  t.steps[1].breakdown[static_cast<int>(Category::gradient)] = 1100;
-  const memory::TraceView v = memory::view_trace(t);
-  EXPECT_EQ(v.steps_recategorized, 1u);
-  EXPECT_EQ(v.steps[1].peak_bytes, 2100);
-  EXPECT_EQ(bytes_in(v.steps[1].breakdown, Category::gradient), 1000);  // as the replay has it
-  EXPECT_EQ(bytes_in(v.steps[1].breakdown, Category::activation), 100);
-  // step 0's summary (2000) disagrees with the replay's peak (2300): kept as written
-  EXPECT_EQ(v.steps[0].peak_bytes, 2000);
-  EXPECT_EQ(bytes_in(v.steps[0].breakdown, Category::activation), 0);
+TEST(HtmlReport, StepTableIsTheTracesSummariesAndItsPeakCoversTheirSteps) {
+  const memory::TraceView v = memory::view_trace(memory::read_trace(kTrace));
+  ASSERT_EQ(v.steps.size(), 2u);
+  EXPECT_EQ(v.steps[1].peak_bytes, 2100);  // as written: the tracker's summaries are final
+  EXPECT_EQ(v.steps_peak.peak_bytes, 2100);
+  EXPECT_EQ(v.steps_peak.peak_step, 1);
+  EXPECT_EQ(v.steps_peak.covers_first_step, 0);
+  EXPECT_EQ(v.steps_peak.covers_last_step, 1);
+  EXPECT_EQ(memory::describe_coverage(v.steps_peak), "steps 0-1");
+  const std::string page = memory::html_report({{"a.json", memory::read_trace(kTrace)}});
+  EXPECT_NE(page.find(R"("steps_peak":{"bytes":2100,"step":1,"phase":"idle","covers":"steps 0-1"})"), std::string::npos);
 }
 
 TEST(HtmlReport, StepPeaksComeFromTheEventsWithoutSummaries) {
-  memory::Timeline t = memory::read_timeline(kTrace);
+  memory::Trace t = memory::read_trace(kTrace);
   t.steps.clear();
   const memory::TraceView v = memory::view_trace(t);
   ASSERT_TRUE(v.steps_from_events);
@@ -133,7 +130,7 @@ TEST(HtmlReport, NestedPhasesAndUnclosedOnes) {
     e.phase = p;
     return e;
   };
-  memory::Timeline t;
+  memory::Trace t;
   t.events = {marker(0, memory::Action::phase_begin, Phase::backward),
               marker(10, memory::Action::phase_begin, Phase::optimizer),
               marker(12, memory::Action::phase_end, Phase::optimizer),
@@ -187,8 +184,8 @@ TEST(HtmlReport, DownsamplingKeepsTheExactPeak) {
 }
 
 TEST(HtmlReport, PageFetchesNothing) {
-  const std::string page = memory::html_report({{"a.json", memory::read_timeline(kTrace)},
-                                                {"b.json", memory::read_timeline(kTrace)}});
+  const std::string page = memory::html_report({{"a.json", memory::read_trace(kTrace)},
+                                                {"b.json", memory::read_trace(kTrace)}});
   EXPECT_EQ(page.find("<script src"), std::string::npos);
   EXPECT_EQ(page.find("http://"), std::string::npos);
   EXPECT_EQ(page.find("https://"), std::string::npos);
@@ -203,7 +200,7 @@ TEST(HtmlReport, PageFetchesNothing) {
 
 TEST(HtmlReport, ANameCannotCloseTheScript) {
   const std::string evil = "</script><script>alert(1)</script><!--";
-  const std::string page = memory::html_report({{evil, memory::read_timeline(kTrace)}});
+  const std::string page = memory::html_report({{evil, memory::read_trace(kTrace)}});
   EXPECT_EQ(page.find(evil), std::string::npos);
   EXPECT_EQ(page.find("<script>alert"), std::string::npos);
   EXPECT_EQ(page.find("<!--"), std::string::npos);
@@ -215,7 +212,7 @@ TEST(HtmlReport, ANameCannotCloseTheScript) {
 }
 
 TEST(HtmlReport, ManyEventsGiveASmallPage) {
-  memory::Timeline t;
+  memory::Trace t;
   for (int i = 0; i < 300000; ++i) {
     memory::MemoryEvent e;
     e.time_us = i;

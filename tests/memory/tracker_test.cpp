@@ -1,5 +1,6 @@
-// The allocation tracker: exact balance over training steps, categories from scopes, the
-// "freed inside its scope = temporary" rule, peaks, and allocations on other threads.
+// The allocation tracker: exact balance over training steps, categories from scopes, the one
+// category rule applied alike to counters, peaks, summaries and the trace, and allocations on
+// other threads.
 #include <ATen/ThreadLocalState.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
@@ -9,7 +10,9 @@
 #include <thread>
 
 #include "frugal/checkpoint/policy.h"
+#include "frugal/memory/trace.h"
 #include "frugal/memory/tracker.h"
+#include "frugal/optim/optimizer.h"
 #include "frugal/models/transformer_block.h"
 
 using namespace frugal;
@@ -118,6 +121,11 @@ TEST(Tracker, CategoriesComeFromScopesAndPhases) {
   }
   loss.reset();
   EXPECT_EQ(cat(*tracker, Category::activation), 0);  // all freed by backward
+  // What backward leaves is not a gradient until someone says so (frugal's optimizer tags .grad
+  // as autograd accumulates it; torch::optim does not).
+  EXPECT_EQ(cat(*tracker, Category::gradient), 0);
+  EXPECT_EQ(cat(*tracker, Category::other), param_bytes);
+  for (auto& p : m->params) memory::tag(p.grad(), Category::gradient);
   EXPECT_EQ(cat(*tracker, Category::gradient), param_bytes);
   {
     memory::PhaseScope op(Phase::optimizer);
@@ -175,7 +183,7 @@ TEST(Tracker, PeakReportAndReset) {
   EXPECT_EQ(tracker->live_bytes(), 2000);
   EXPECT_EQ(tracker->peak_bytes(), 6000);
   EXPECT_EQ(tracker->peak_report().peak_bytes, 6000);
-  EXPECT_EQ(tracker->peak_report().max_by_category[static_cast<int>(Category::other)], 6000);
+  EXPECT_EQ(memory::max_by_category(tracker->events())[static_cast<int>(Category::other)], 6000);
   tracker->reset_peak();
   EXPECT_EQ(tracker->peak_bytes(), 2000);
   at::Tensor c = at::empty({250});
@@ -224,7 +232,7 @@ TEST(Tracker, TimelineJsonHasOneRecordPerEvent) {
   EXPECT_NE(json.find("\"action\": \"step\""), std::string::npos);
   size_t records = 0;
   for (size_t pos = json.find("\"time_us\""); pos != std::string::npos; pos = json.find("\"time_us\"", pos + 1)) ++records;
-  EXPECT_EQ(records, tracker->events().size());
+  EXPECT_EQ(records, tracker->events().size() + tracker->step_summaries().size());
 }
 
 TEST(Tracker, BoundedCaptureKeepsChosenStepsAndSummarisesEveryStep) {
@@ -250,4 +258,207 @@ TEST(Tracker, BoundedCaptureKeepsChosenStepsAndSummarisesEveryStep) {
   std::ostringstream json;
   tracker->write_timeline_json(json);
   EXPECT_NE(json.str().find("\"peak_bytes\": 1640"), std::string::npos);
+}
+
+namespace {
+
+// A few training steps of a small model with frugal's optimizer, under `tracker`.
+void run_steps(const std::shared_ptr<memory::Tracker>& tracker, optim::Mode mode, const char* policy_name, int steps) {
+  torch::manual_seed(3);
+  memory::TrackingGuard on(tracker);
+  std::unique_ptr<TinyModel> m;
+  {
+    memory::CategoryScope scope(Category::parameter);
+    m = std::make_unique<TinyModel>(3);
+  }
+  torch::OrderedDict<std::string, at::Tensor> named;
+  for (size_t i = 0; i < m->params.size(); ++i) named.insert("p" + std::to_string(i), m->params[i]);
+  optim::Optimizer opt(named, optim::OptimizerOptions().lr(1e-3).mode(mode));
+  const auto policy = checkpoint::CheckpointPolicy::parse(policy_name);
+  for (int step = 0; step < steps; ++step) {
+    memory::mark_step(step);
+    at::Tensor x;
+    {
+      memory::CategoryScope in(Category::input);
+      x = at::randn({4, 16, 32});
+    }
+    at::Tensor loss;
+    {
+      memory::PhaseScope fw(Phase::forward);
+      loss = checkpoint::run_chain(m->chain, x, policy).pow(2).mean();
+    }
+    {
+      memory::PhaseScope bw(Phase::backward);
+      opt.backward(loss);
+    }
+    loss.reset();
+    {
+      memory::PhaseScope op(Phase::optimizer);
+      opt.step();
+    }
+    opt.zero_grad();
+  }
+}
+
+std::string describe(const memory::CategoryBytes& b) {
+  std::string out;
+  for (auto c : memory::kAllCategories) out += std::string(memory::category_name(c)) + "=" + std::to_string(b[static_cast<int>(c)]) + " ";
+  return out;
+}
+
+}  // namespace
+
+TEST(Tracker, CountersOnlyAndFullEventsGiveIdenticalNumbers) {
+  for (const auto mode : {optim::Mode::standard, optim::Mode::in_backward}) {
+    for (const char* policy : {"none", "full", "selective"}) {
+      SCOPED_TRACE(std::string(policy) + (mode == optim::Mode::standard ? " standard" : " in_backward"));
+      auto with_events = memory::Tracker::create(true), counters = memory::Tracker::create(false);
+      run_steps(with_events, mode, policy, 3);
+      run_steps(counters, mode, policy, 3);
+      const auto a = with_events->peak_report(), b = counters->peak_report();
+      EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+      EXPECT_EQ(a.breakdown, b.breakdown) << describe(a.breakdown) << "vs " << describe(b.breakdown);
+      EXPECT_EQ(a.peak_step, b.peak_step);
+      const auto sa = with_events->step_summaries(), sb = counters->step_summaries();
+      ASSERT_EQ(sa.size(), 3u);
+      ASSERT_EQ(sb.size(), 3u);
+      for (size_t i = 0; i < sa.size(); ++i) {
+        EXPECT_EQ(sa[i].peak_bytes, sb[i].peak_bytes);
+        EXPECT_EQ(sa[i].breakdown, sb[i].breakdown) << "step " << i;
+        EXPECT_EQ(sa[i].phase, sb[i].phase);
+      }
+      // The replay of the trace gives the tracker's peak and every step's summary back.
+      const memory::Trace trace = with_events->trace();
+      const auto samples = memory::replay_live_bytes(trace.events);
+      const memory::LiveSample peak = memory::peak_sample(samples);
+      EXPECT_EQ(peak.total(), a.peak_bytes);
+      EXPECT_EQ(peak.bytes, a.breakdown);
+      auto replayed = memory::step_peaks(samples);
+      ASSERT_EQ(replayed.front().step, -1);  // building the model
+      replayed.erase(replayed.begin());
+      ASSERT_EQ(replayed.size(), sa.size());
+      for (size_t i = 0; i < sa.size(); ++i) {
+        EXPECT_EQ(replayed[i].peak_bytes, sa[i].peak_bytes);
+        EXPECT_EQ(replayed[i].breakdown, sa[i].breakdown) << "step " << i << ": " << describe(replayed[i].breakdown)
+                                                          << "vs " << describe(sa[i].breakdown);
+      }
+      // Nothing made and freed inside forward or backward hides under another name at the peak.
+      EXPECT_GT(a.breakdown[static_cast<int>(Category::temporary)] + a.breakdown[static_cast<int>(Category::activation)], 0);
+    }
+  }
+}
+
+TEST(Tracker, GradientIsOnlyParametersGradients) {
+  // In-backward mode holds at most one backward node's gradients at once: a Linear's weight and
+  // bias come out of one node (a gradient counts from its allocation, before it is accumulated).
+  int64_t param_bytes = 0, largest_node = 0;
+  {
+    TinyModel m(3);
+    for (auto& p : m.params) param_bytes += bytes_of(p);
+    for (auto& b : m.blocks) {
+      for (const auto& child : b->children()) {
+        int64_t own = 0;
+        for (const auto& p : child->parameters(/*recurse=*/false)) own += bytes_of(p);
+        largest_node = std::max(largest_node, own);
+      }
+    }
+  }
+  for (const auto mode : {optim::Mode::standard, optim::Mode::in_backward}) {
+    SCOPED_TRACE(mode == optim::Mode::standard ? "standard" : "in_backward");
+    auto tracker = memory::Tracker::create();
+    run_steps(tracker, mode, "none", 2);
+    const int64_t max_grad = memory::max_by_category(tracker->events())[static_cast<int>(Category::gradient)];
+    if (mode == optim::Mode::standard) {
+      EXPECT_EQ(max_grad, param_bytes);  // every .grad at once before the step, nothing else
+    } else {
+      EXPECT_GT(max_grad, 0);
+      EXPECT_LE(max_grad, largest_node);  // freed by its update as soon as it is complete
+    }
+    // The logits' and intermediate gradients of backward are temporaries.
+    EXPECT_GT(tracker->peak_report().breakdown[static_cast<int>(Category::temporary)] +
+                  memory::max_by_category(tracker->events())[static_cast<int>(Category::temporary)],
+              0);
+  }
+}
+
+TEST(Tracker, ARecordedPeakLearnsThatItsBuffersWereTemporaries) {
+  auto tracker = memory::Tracker::create(/*keep_events=*/false);
+  memory::TrackingGuard on(tracker);
+  memory::mark_step(0);
+  at::Tensor kept;
+  {
+    memory::PhaseScope fw(Phase::forward);
+    kept = at::empty({100});                   // 400 B, survives forward: activation
+    at::Tensor scratch = at::empty({1000});    // 4000 B, the peak, freed inside forward
+    EXPECT_EQ(tracker->live_by_category()[static_cast<int>(Category::activation)], 4400);  // not known yet
+  }
+  const auto peak = tracker->peak_report();
+  EXPECT_EQ(peak.peak_bytes, 4400);
+  EXPECT_EQ(peak.breakdown[static_cast<int>(Category::activation)], 400);
+  EXPECT_EQ(peak.breakdown[static_cast<int>(Category::temporary)], 4000);
+  EXPECT_EQ(tracker->step_summaries().back().breakdown, peak.breakdown);
+  // A tag after the fact applies from the allocation on, to the recorded moments too.
+  memory::tag(kept, Category::gradient);
+  EXPECT_EQ(tracker->peak_report().breakdown[static_cast<int>(Category::gradient)], 400);
+  EXPECT_EQ(tracker->peak_report().breakdown[static_cast<int>(Category::activation)], 0);
+  // The limit report is one of those moments.
+  tracker->set_limit(100);
+  {
+    memory::PhaseScope bw(Phase::backward);
+    at::Tensor intermediate = at::empty({50});
+    EXPECT_EQ(tracker->limit_report().by_category[static_cast<int>(Category::other)], 200);
+  }
+  const auto limit = tracker->limit_report();
+  ASSERT_TRUE(limit.exceeded);
+  EXPECT_EQ(limit.by_category[static_cast<int>(Category::temporary)], 200);
+  EXPECT_EQ(limit.by_category[static_cast<int>(Category::other)], 0);
+  EXPECT_EQ(limit.live_bytes, 600);
+}
+
+TEST(Tracker, TraceRoundTripsThroughItsFile) {
+  auto tracker = memory::Tracker::create();
+  run_steps(tracker, optim::Mode::in_backward, "full", 2);
+  const memory::Trace written = tracker->trace();
+  std::ostringstream out;
+  memory::write_trace(out, written);
+  const memory::Trace read = memory::read_trace(out.str());
+  ASSERT_EQ(read.events.size(), written.events.size());
+  for (size_t i = 0; i < read.events.size(); ++i) {
+    const auto &a = read.events[i], &b = written.events[i];
+    ASSERT_TRUE(a.time_us == b.time_us && a.action == b.action && a.bytes == b.bytes && a.category == b.category &&
+                a.phase == b.phase && a.device == b.device && a.addr == b.addr && a.step == b.step)
+        << "event " << i;
+  }
+  ASSERT_EQ(read.steps.size(), written.steps.size());
+  for (size_t i = 0; i < read.steps.size(); ++i) {
+    EXPECT_EQ(read.steps[i].step, written.steps[i].step);
+    EXPECT_EQ(read.steps[i].peak_bytes, written.steps[i].peak_bytes);
+    EXPECT_EQ(read.steps[i].time_us, written.steps[i].time_us);
+    EXPECT_EQ(read.steps[i].phase, written.steps[i].phase);
+    EXPECT_EQ(read.steps[i].breakdown, written.steps[i].breakdown);
+  }
+  // Hostile or foreign files are refused with a reason.
+  EXPECT_THROW(memory::read_trace(R"({"format": "something-else", "version": 1, "events": []})"), std::invalid_argument);
+  EXPECT_THROW(memory::read_trace(R"({"format": "frugal-trace", "version": 99, "events": []})"), std::invalid_argument);
+  const std::string huge = R"({"time_us": 0, "action": "alloc", "bytes": 9223372036854775807, "category": "other", "phase": "idle", "device": "cpu", "step": 0})";
+  EXPECT_THROW(memory::read_trace("{\"events\": [" + huge + ", " + huge + "]}"), std::invalid_argument);
+}
+
+TEST(Tracker, BoundedCaptureRecordsWhatIsLiveWhenACapturedStepBegins) {
+  auto tracker = memory::Tracker::create();
+  tracker->set_capture_steps({2});
+  memory::TrackingGuard on(tracker);
+  at::Tensor early;
+  for (int step = 0; step < 4; ++step) {
+    memory::mark_step(step);
+    if (step == 0) early = at::empty({250});  // 1000 B, made before capture
+    at::Tensor a = at::empty({100 * (step + 1)});
+  }
+  const memory::Trace t = tracker->trace();
+  const auto samples = memory::replay_live_bytes(t.events);
+  const auto replayed = memory::step_peaks(samples);
+  ASSERT_FALSE(replayed.empty());
+  EXPECT_EQ(replayed.front().step, 2);
+  EXPECT_EQ(replayed.front().peak_bytes, t.steps[2].peak_bytes);  // 1000 + 1200: the chart agrees with the table
+  EXPECT_EQ(t.steps[2].peak_bytes, 2200);
 }

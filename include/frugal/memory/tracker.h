@@ -10,8 +10,11 @@
 //     { frugal::memory::PhaseScope bw(frugal::memory::Phase::backward); loss.backward(); } }
 //   tracker->peak_report().breakdown;   // bytes per Category at the peak
 //
-// Rule: memory allocated inside a declared scope and freed before that scope closes is counted as
-// Category::temporary (in the timeline too), whatever the scope declared.
+// Categories follow the one rule in category.h (tag > freed inside its scope = temporary > the
+// scope's category). The tracker applies it when it learns a fact (a free inside the scope, a
+// tag) to the live counters, the event list, the recorded peak, every step summary and the limit
+// report alike, so a run with events and one with counters only report the same numbers, and a
+// replay of the trace (trace.h) gives them again.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -49,23 +52,27 @@ struct MemoryEvent {
 };
 
 using CategoryBytes = std::array<int64_t, kNumCategories>;
+struct Trace;  // trace.h
 
 struct PeakReport {
   int64_t peak_bytes = 0;     // highest live total
   int64_t peak_time_us = 0;   // when it was reached
   int64_t peak_step = -1;
+  Phase peak_phase = Phase::idle;
   CategoryBytes breakdown{};  // live bytes per category at that moment
-  CategoryBytes max_by_category{};  // each category's own highest live bytes
+  // What the peak covers: the steps from covers_first_step to covers_last_step (-1: before the
+  // first step, i.e. set-up).
+  int64_t covers_first_step = -1, covers_last_step = -1;
 };
 
 class Tracker {
  public:
   // keep_events = false keeps only counters and maxima (constant memory for long runs): events()
-  // is then empty and peak_report() gives the maxima seen live, with categories as tagged at the
-  // time (a transient's later reclassification to temporary is not applied to past maxima).
+  // is then empty; every count and peak is the same as with events.
   static std::shared_ptr<Tracker> create(bool keep_events = true);
 
-  // Live bytes of allocations made while tracking and not yet freed.
+  // Live bytes of allocations made while tracking and not yet freed. Per category, allocations
+  // of a still-open scope count under the scope's category (rule 3) until they are freed.
   int64_t live_bytes() const;
   int64_t live_bytes(c10::Device device) const;
   CategoryBytes live_by_category() const;
@@ -73,10 +80,9 @@ class Tracker {
   int64_t peak_bytes() const;
   void reset_peak();
 
-  // Replays the timeline (with final categories) to find the peak and what made it up.
-  // With a device, only that device's allocations count. Only the state from the last reset_peak()
-  // on counts toward the maxima.
-  PeakReport peak_report(std::optional<c10::Device> device = std::nullopt) const;
+  // The highest live total since creation or the last reset_peak(), and what made it up (every
+  // device together). The same number a replay of trace() gives.
+  PeakReport peak_report() const;
 
   // A live-bytes limit: the first allocation that takes the total above it (or an allocation the
   // allocator reports as failed) records what each category held at that moment. Nothing is
@@ -97,8 +103,10 @@ class Tracker {
   void set_capture_steps(std::vector<int64_t> steps);
   struct StepSummary {
     int64_t step = -1;
-    int64_t peak_bytes = 0;            // highest live total during the step
-    CategoryBytes breakdown{};         // at that moment (categories as tagged then)
+    int64_t peak_bytes = 0;            // highest live total during the step (from what was live at its start)
+    int64_t time_us = 0;               // when it was first reached
+    Phase phase = Phase::idle;         // in which phase
+    CategoryBytes breakdown{};         // at that moment
   };
   std::vector<StepSummary> step_summaries() const;  // steps closed so far, and the current one
 
@@ -108,8 +116,10 @@ class Tracker {
   int64_t untracked_frees() const { return untracked_frees_.load(); }
   int64_t current_step() const { return step_.load(); }
 
-  // Writes {"categories": [...], "steps": [{step, peak_bytes, breakdown}...],
-  //         "events": [{time_us, action, bytes, category, phase, device, step, addr}...]}.
+  // With bounded capture, memory still live when a captured step begins is given an alloc event
+  // at that moment, so a replay of the captured steps sees all of it.
+  Trace trace() const;
+  // write_trace(out, trace()) (trace.h owns the format).
   void write_timeline_json(std::ostream& out) const;
 
   // --- called by the reporters and scopes; not for users ---
@@ -127,16 +137,20 @@ class Tracker {
   explicit Tracker(bool keep_events);
   int64_t now_us() const;
   bool keep_events_ = true;
-  CategoryBytes live_max_by_category_{};
-  CategoryBytes live_breakdown_at_peak_{};
 
   struct Allocation {
     int64_t bytes;
-    size_t event_index;
-    int64_t scope_id;
+    size_t event_index;  // of its alloc event, or none
+    int64_t scope_id;    // 0: exempt from rule 2 (tagged)
+    int64_t seq;         // allocations made so far, this one included
     Category category;
     c10::Device device;
   };
+  // The one place a live allocation's category changes (rule 1 or 2 of category.h): the counters,
+  // its alloc event, and every recorded moment it was live at (peak, step summaries, limit report).
+  void settle(Allocation& a, Category category);
+  // Gives live allocations not yet in the timeline an alloc event now (capture begins).
+  void record_live_allocations(int64_t time_us);
   struct DeviceCounter {
     c10::Device device;
     int64_t live;
@@ -150,15 +164,19 @@ class Tracker {
   std::vector<DeviceCounter> device_live_;
   CategoryBytes category_live_{};
   int64_t total_live_ = 0;
-  int64_t peak_ = 0;
-  int64_t peak_since_us_ = 0;
+  int64_t seq_ = 0;                 // allocations made so far
+  PeakReport peak_;
+  int64_t peak_seq_ = 0;            // seq_ when peak_ was taken
   int64_t limit_ = 0;
   LimitReport limit_report_;
+  int64_t limit_seq_ = 0;
   std::vector<int64_t> capture_steps_;   // sorted; empty: every step
   std::vector<StepSummary> summaries_;   // closed steps
+  std::vector<int64_t> summary_seqs_;    // seq_ when each closed summary's peak was taken
   StepSummary current_summary_;
+  int64_t current_summary_seq_ = 0;
   bool capturing() const;
-  size_t peak_since_event_ = 0;  // events before this index only build up the live state
+  bool was_capturing_ = true;
   int64_t next_scope_ = 1;
   std::atomic<int64_t> untracked_frees_{0};
   std::atomic<int64_t> step_{-1};

@@ -46,7 +46,7 @@ struct TrainResult {
   double val_loss = 0;             // at the end
   double tokens_per_s = 0;
   int64_t n_params = 0;
-  memory::PeakReport peak;         // measured over the steady steps (from the second step run)
+  memory::PeakReport peak;         // over every step run here (memory::peak_over_steps; covers_* say which)
   MemoryEstimate estimate;         // this recipe
   MemoryEstimate estimate_plain;   // the same job with the techniques off
   std::string sample;              // generated text
