@@ -46,8 +46,8 @@ int bench_train(int argc, char** argv) {
   warn_if_slow_blas();
   const train::Recipe off = train::without_techniques(on);
   auto log = [](const std::string& line) { std::cerr << "frugal bench train: " << line << "\n"; };
-  log("all techniques on: checkpointing " + on.checkpointing + ", chunked loss " + (on.chunked_loss ? "on" : "off") +
-      ", optimizer " + (on.in_backward ? "inside backward" : "after backward"));
+  log("all techniques on: checkpointing " + on.checkpointing.name() + ", chunked loss " + (on.loss.chunked() ? "on" : "off") +
+      ", optimizer " + (on.in_backward() ? "inside backward" : "after backward"));
   const auto r_on = train::run_training(on, train::TrainOptions().sample(false), log);
   log("all techniques off");
   const auto r_off = train::run_training(off, train::TrainOptions().sample(false), log);

@@ -117,7 +117,7 @@ int run_train(int argc, char** argv) {
     const auto est = train::estimate_training_memory(recipe, vocab);
     const auto plain = train::estimate_training_memory(train::without_techniques(recipe), vocab);
     std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters ("
-              << recipe.dtype << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens\n";
+              << train::dtype_name(recipe.dtype) << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens\n";
     print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
     print_estimate_table(std::cout, "estimated peak with every technique off:", plain, nullptr);
     if (!json_out.empty()) {

@@ -26,6 +26,8 @@ CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
                               "' (allowed: none, full, every_K with K >= 1, selective)");
 }
 
+const char* CheckpointPolicy::allowed_names() { return "none, full, every_K (K >= 1), selective"; }
+
 std::string CheckpointPolicy::name() const {
   switch (kind) {
     case PolicyKind::none: return "none";

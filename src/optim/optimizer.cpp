@@ -26,6 +26,13 @@ const char* clip_name(Clip c) {
   return "none";
 }
 
+std::optional<Clip> parse_clip(const std::string& name) {
+  for (Clip c : kAllClips) {
+    if (name == clip_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
 namespace {
 
 enum class Pass { step, measure_norm };

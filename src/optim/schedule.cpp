@@ -19,8 +19,7 @@ const char* schedule_name(ScheduleKind k) {
 }
 
 std::optional<ScheduleKind> parse_schedule(const std::string& name) {
-  for (ScheduleKind k : {ScheduleKind::constant, ScheduleKind::linear_warmup, ScheduleKind::cosine,
-                         ScheduleKind::linear_decay, ScheduleKind::step}) {
+  for (ScheduleKind k : kAllScheduleKinds) {
     if (name == schedule_name(k)) return k;
   }
   return std::nullopt;

@@ -22,7 +22,7 @@ const char* precision_name(StatePrecision p) {
 }
 
 std::optional<StatePrecision> parse_precision(const std::string& s) {
-  for (auto p : {StatePrecision::fp32, StatePrecision::bf16, StatePrecision::int8, StatePrecision::int4}) {
+  for (StatePrecision p : kAllStatePrecisions) {
     if (s == precision_name(p)) return p;
   }
   return std::nullopt;
@@ -38,7 +38,7 @@ const char* placement_name(StatePlacement p) {
 }
 
 std::optional<StatePlacement> parse_placement(const std::string& s) {
-  for (auto p : {StatePlacement::device, StatePlacement::host, StatePlacement::mmap}) {
+  for (StatePlacement p : kAllStatePlacements) {
     if (s == placement_name(p)) return p;
   }
   return std::nullopt;

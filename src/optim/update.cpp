@@ -14,6 +14,13 @@ const char* algorithm_name(Algorithm a) {
   return "adamw";
 }
 
+std::optional<Algorithm> parse_algorithm(const std::string& name) {
+  for (Algorithm a : kAllAlgorithms) {
+    if (name == algorithm_name(a)) return a;
+  }
+  return std::nullopt;
+}
+
 at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Generator>& gen) {
   // bf16 is the top 16 bits of fp32: add a uniform 16-bit integer to the bit pattern and drop the
   // low 16 bits; values round up with probability equal to their distance from the lower one.

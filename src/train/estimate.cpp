@@ -12,14 +12,14 @@ namespace train {
 
 Recipe without_techniques(const Recipe& recipe) {
   Recipe r = recipe;
-  r.checkpointing = "none";
+  r.checkpointing = checkpoint::CheckpointPolicy::none();
   r.activation_budget = 0;
-  r.chunked_loss = false;
-  r.in_backward = false;
-  if (r.clip == "global_norm_two_pass") r.clip = "global_norm";
-  r.state_precision = "fp32";
-  r.state_placement = "device";
-  r.stochastic_rounding = false;
+  r.loss.chunked(false);
+  r.optimizer.mode(optim::Mode::standard);
+  if (r.optimizer.clip() == optim::Clip::global_norm_two_pass) r.optimizer.clip(optim::Clip::global_norm);
+  r.optimizer.state().precision(optim::StatePrecision::fp32);
+  r.optimizer.state().placement(optim::StatePlacement::device);
+  r.optimizer.stochastic_rounding(false);
   return r;
 }
 
@@ -27,7 +27,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   using memory::Category;
   models::DecoderConfig c = r.model;
   c.vocab_size = vocab_size;
-  const int64_t e = r.dtype == "bf16" ? 2 : 4;  // bytes per element of parameters and activations
+  const int64_t e = r.dtype == at::kBFloat16 ? 2 : 4;  // bytes per element of parameters and activations
   const int64_t B = r.batch_size, T = r.seq_len, BT = B * T, d = c.dim, f = c.ffn_dim, H = c.n_heads;
   const int64_t kv = c.n_kv_heads * c.head_dim(), V = vocab_size, L = c.n_layers;
   const bool llama = c.arch == "llama";
@@ -38,12 +38,14 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   // Adam(W) state per parameter: two moments in the state precision (parameter dtype for fp32 state
   // of bf16 parameters, as torch's optimizers keep it); off the device when placed in host memory
   // or files (the estimate is of the compute device's memory).
-  const double per_moment = r.state_precision == "int8"   ? 1.0 + 4.0 / 256
-                            : r.state_precision == "int4" ? 0.5 + 4.0 / 128
-                            : r.state_precision == "bf16" ? 2.0
-                                                          : static_cast<double>(e);
-  const bool state_on_device = r.state_placement == "device";
-  const int64_t S = r.algorithm == "sgd" ? (r.momentum > 0 ? est.n_params * e : 0)
+  const optim::StatePrecision precision = r.optimizer.state().precision();
+  const double per_moment = precision == optim::StatePrecision::int8   ? 1.0 + 4.0 / 256
+                            : precision == optim::StatePrecision::int4 ? 0.5 + 4.0 / 128
+                            : precision == optim::StatePrecision::bf16 ? 2.0
+                                                                       : static_cast<double>(e);
+  const bool state_on_device = r.optimizer.state().placement() == optim::StatePlacement::device;
+  const bool sgd = r.optimizer.algorithm() == optim::Algorithm::sgd;
+  const int64_t S = sgd ? (r.optimizer.momentum() > 0 ? est.n_params * e : 0)
                     : state_on_device     ? static_cast<int64_t>(2.0 * per_moment * static_cast<double>(est.n_params))
                                           : 0;
   const int64_t input = 2 * BT * 8;  // inputs and targets, int64
@@ -69,7 +71,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
       recomputed[static_cast<size_t>(i)] = per_block < plain_layer;
     }
   } else {
-    const auto policy = checkpoint::CheckpointPolicy::parse(r.checkpointing);
+    const checkpoint::CheckpointPolicy& policy = r.checkpointing;
     for (int64_t i = 0; i < L; ++i) {
       if (!policy.checkpoints(i)) continue;
       kept[static_cast<size_t>(i)] = policy.kind == checkpoint::PolicyKind::selective ? block_input + kept_linears : block_input;
@@ -78,7 +80,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   }
   // The head: the final norm keeps its input and (llama) 1/rms, the loss keeps the normed states,
   // and the plain loss its fp32 log-softmax (B*T, V); the chunked loss one fp32 per token.
-  const int64_t head_kept = BT * (2 * d * e + (llama ? 4 : 8)) + (r.chunked_loss ? BT * 4 : BT * V * 4);
+  const int64_t head_kept = BT * (2 * d * e + (llama ? 4 : 8)) + (r.loss.chunked() ? BT * 4 : BT * V * 4);
   int64_t A = head_kept;
   for (int64_t k : kept) A += k;
 
@@ -94,10 +96,10 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   //  (a) the loss's backward at the start of backward: its gradient work on top of every kept tensor;
   //  (b) a block's backward: everything kept before it, the block's full activations (recomputed
   //      if checkpointed) and its backward working set, about half a block's activations.
-  const int64_t chunk = std::min(r.loss_chunk, BT);
-  const int64_t loss_bwd = r.chunked_loss ? 2 * chunk * V * 4 + V * d * 4 + BT * d * e : 2 * BT * V * 4 + BT * d * e;
+  const int64_t chunk = std::min(r.loss.chunk_size(), BT);
+  const int64_t loss_bwd = r.loss.chunked() ? 2 * chunk * V * 4 + V * d * 4 + BT * d * e : 2 * BT * V * 4 + BT * d * e;
   const int64_t working_set = plain_layer / 2;
-  int64_t peak_act = A, peak_tmp = loss_bwd, peak_grad = r.in_backward ? G_node : 0;
+  int64_t peak_act = A, peak_tmp = loss_bwd, peak_grad = r.in_backward() ? G_node : 0;
   int64_t prefix = 0, grads_after = head_grad;  // standard mode: gradients of the head and later blocks
   std::vector<int64_t> grads_after_block(static_cast<size_t>(L));
   for (int64_t i = L - 1; i >= 0; --i) {
@@ -106,7 +108,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   }
   for (int64_t i = 0; i < L; ++i) {
     const int64_t act = prefix + plain_layer;
-    const int64_t grad = r.in_backward ? G_node : grads_after_block[static_cast<size_t>(i)];
+    const int64_t grad = r.in_backward() ? G_node : grads_after_block[static_cast<size_t>(i)];
     if (act + working_set + grad > peak_act + peak_tmp + peak_grad) {
       peak_act = prefix + kept[static_cast<size_t>(i)];
       peak_tmp = plain_layer - kept[static_cast<size_t>(i)] + working_set;
@@ -115,12 +117,12 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
     prefix += kept[static_cast<size_t>(i)];
   }
   //  (c) the optimizer step after backward: every gradient and one parameter-sized temporary.
-  const int64_t opt_tmp = r.algorithm == "sgd" ? 0 : largest_param;
+  const int64_t opt_tmp = sgd ? 0 : largest_param;
   auto& cat = est.by_category;
   cat[static_cast<int>(Category::parameter)] = P;
   cat[static_cast<int>(Category::optimizer_state)] = S;
   cat[static_cast<int>(Category::input)] = input;
-  if (!r.in_backward && P + opt_tmp > peak_act + peak_tmp + peak_grad) {
+  if (!r.in_backward() && P + opt_tmp > peak_act + peak_tmp + peak_grad) {
     cat[static_cast<int>(Category::gradient)] = P;
     cat[static_cast<int>(Category::temporary)] = opt_tmp;
   } else {
@@ -157,32 +159,42 @@ std::string explain_memory_limit(const Recipe& recipe, int64_t vocab_size, const
   std::vector<std::pair<std::string, Recipe>> options;
   auto add = [&](const std::string& what, Recipe r) { options.emplace_back(what, std::move(r)); };
   Recipe all = recipe;
-  if (recipe.activation_budget == 0 && recipe.checkpointing != "full") {
+  if (recipe.activation_budget == 0 && recipe.checkpointing.kind != checkpoint::PolicyKind::full) {
     Recipe r = recipe;
-    r.checkpointing = "full";
-    all.checkpointing = "full";
+    r.checkpointing = checkpoint::CheckpointPolicy::full();
+    all.checkpointing = checkpoint::CheckpointPolicy::full();
     add("memory.checkpointing=full", r);
   }
-  if (!recipe.chunked_loss) {
+  if (!recipe.loss.chunked()) {
     Recipe r = recipe;
-    r.chunked_loss = all.chunked_loss = true;
+    r.loss.chunked(true);
+    all.loss.chunked(true);
     add("memory.chunked_loss=true", r);
   }
-  if (!recipe.in_backward) {
+  if (!recipe.in_backward()) {
     Recipe r = recipe;
-    r.in_backward = all.in_backward = true;
-    if (r.clip == "global_norm") r.clip = all.clip = "global_norm_two_pass";
+    r.optimizer.mode(optim::Mode::in_backward);
+    all.optimizer.mode(optim::Mode::in_backward);
+    if (r.optimizer.clip() == optim::Clip::global_norm) {
+      r.optimizer.clip(optim::Clip::global_norm_two_pass);
+      all.optimizer.clip(optim::Clip::global_norm_two_pass);
+    }
     add("optimizer.in_backward=true", r);
   }
-  if (recipe.algorithm != "sgd" && (recipe.state_precision == "fp32" || recipe.state_precision == "bf16")) {
+  const bool sgd = recipe.optimizer.algorithm() == optim::Algorithm::sgd;
+  const optim::StatePrecision precision = recipe.optimizer.state().precision();
+  if (!sgd && (precision == optim::StatePrecision::fp32 || precision == optim::StatePrecision::bf16)) {
     Recipe r = recipe;
-    r.state_precision = all.state_precision = "int8";
+    r.optimizer.state().precision(optim::StatePrecision::int8);
+    all.optimizer.state().precision(optim::StatePrecision::int8);
     add("optimizer.state_precision=int8", r);
   }
-  if (recipe.algorithm != "sgd" && recipe.state_placement == "device") {
+  if (!sgd && recipe.optimizer.state().placement() == optim::StatePlacement::device) {
     Recipe r = recipe;
-    r.state_placement = all.state_placement = recipe.device == "cpu" ? "mmap" : "host";
-    add("optimizer.state_placement=" + r.state_placement, r);
+    const optim::StatePlacement off_device = recipe.device.is_cpu() ? optim::StatePlacement::mmap : optim::StatePlacement::host;
+    r.optimizer.state().placement(off_device);
+    all.optimizer.state().placement(off_device);
+    add(std::string("optimizer.state_placement=") + optim::placement_name(off_device), r);
   }
   if (options.size() > 1) add("all of the above", all);
   if (options.empty()) out << " (every technique is already on; lower train.batch_size or train.seq_len)";

@@ -2,18 +2,17 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 
-#include "frugal/checkpoint/policy.h"
 #include "frugal/io/units.h"
-#include "frugal/optim/optimizer.h"
-#include "frugal/optim/schedule.h"
 
 namespace frugal {
 namespace train {
@@ -58,6 +57,30 @@ std::string one_of(const std::string& v, std::initializer_list<const char*> allo
   throw std::invalid_argument("one of " + list);
 }
 
+// The enum value `parsed` (what the enum's parse_X made of v), or "one of <every name>".
+template <typename E, size_t N>
+E one_of(std::optional<E> parsed, const std::array<E, N>& all, const char* (*name)(E)) {
+  if (parsed) return *parsed;
+  std::string list;
+  for (E e : all) list += (list.empty() ? "" : ", ") + std::string(name(e));
+  throw std::invalid_argument("one of " + list);
+}
+
+constexpr std::array<at::ScalarType, 2> kRecipeDtypes = {at::kFloat, at::kBFloat16};
+
+// cpu, cuda or cuda:N (N a device index).
+c10::Device to_device(const std::string& v) {
+  if (v == "cpu") return c10::Device(c10::kCPU);
+  if (v == "cuda") return c10::Device(c10::kCUDA);
+  const std::string prefix = "cuda:";
+  const std::string digits = v.rfind(prefix, 0) == 0 ? v.substr(prefix.size()) : "";
+  if (!digits.empty() && digits.size() <= 3 && digits.find_first_not_of("0123456789") == std::string::npos &&
+      std::stoi(digits) <= std::numeric_limits<c10::DeviceIndex>::max()) {
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoi(digits)));
+  }
+  throw std::invalid_argument("cpu, cuda or cuda:N");
+}
+
 std::string fmt(double d) {
   std::ostringstream s;
   s.precision(10);
@@ -65,76 +88,88 @@ std::string fmt(double d) {
   return s.str();
 }
 
-#define INT_FIELD(key, member, min) \
-  {key, [](Recipe& r, const std::string& v) { r.member = to_int(v, min); }, [](const Recipe& r) { return std::to_string(r.member); }}
-#define DOUBLE_FIELD(key, member, min) \
-  {key, [](Recipe& r, const std::string& v) { r.member = to_double(v, min); }, [](const Recipe& r) { return fmt(r.member); }}
-#define BOOL_FIELD(key, member) \
-  {key, [](Recipe& r, const std::string& v) { r.member = to_bool(v); }, [](const Recipe& r) { return std::string(r.member ? "true" : "false"); }}
-#define STRING_FIELD(key, member) \
-  {key, [](Recipe& r, const std::string& v) { r.member = v; }, [](const Recipe& r) { return r.member; }}
-#define CHOICE_FIELD(key, member, ...) \
-  {key, [](Recipe& r, const std::string& v) { r.member = one_of(v, {__VA_ARGS__}); }, [](const Recipe& r) { return r.member; }}
+// Each macro takes the recipe member as an expression of `r` (TORCH_ARG accessors included):
+// assigned when the key is read, read when the recipe is written back.
+#define INT_FIELD(key, expr, min) \
+  {key, [](Recipe& r, const std::string& v) { expr = to_int(v, min); }, [](const Recipe& r) { return std::to_string(expr); }}
+#define DOUBLE_FIELD(key, expr, min) \
+  {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min); }, [](const Recipe& r) { return fmt(expr); }}
+#define BOOL_FIELD(key, expr) \
+  {key, [](Recipe& r, const std::string& v) { expr = to_bool(v); }, [](const Recipe& r) { return std::string(expr ? "true" : "false"); }}
+#define STRING_FIELD(key, expr) \
+  {key, [](Recipe& r, const std::string& v) { expr = v; }, [](const Recipe& r) { return expr; }}
+#define CHOICE_FIELD(key, expr, ...) \
+  {key, [](Recipe& r, const std::string& v) { expr = one_of(v, {__VA_ARGS__}); }, [](const Recipe& r) { return expr; }}
+// An enum with its layer's name table: parse (text -> optional), name (value -> text), all (every value).
+#define ENUM_FIELD(key, expr, parse, name, all) \
+  {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }}
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
-      STRING_FIELD("name", name),
-      CHOICE_FIELD("model.arch", model.arch, "llama", "gpt2"),
-      INT_FIELD("model.vocab_size", model.vocab_size, 0),
-      INT_FIELD("model.dim", model.dim, 1),
-      INT_FIELD("model.n_layers", model.n_layers, 1),
-      INT_FIELD("model.n_heads", model.n_heads, 1),
-      INT_FIELD("model.n_kv_heads", model.n_kv_heads, 1),
-      INT_FIELD("model.ffn_dim", model.ffn_dim, 1),
-      INT_FIELD("model.max_seq_len", model.max_seq_len, 1),
-      DOUBLE_FIELD("model.rope_theta", model.rope_theta, 1.0),
-      DOUBLE_FIELD("model.norm_eps", model.norm_eps, 0.0),
-      BOOL_FIELD("model.tie_embeddings", model.tie_embeddings),
-      CHOICE_FIELD("model.dtype", dtype, "fp32", "bf16"),
-      STRING_FIELD("model.init_from", init_from),
-      STRING_FIELD("data.corpus", corpus),
-      STRING_FIELD("data.tokenizer", tokenizer),
-      STRING_FIELD("data.tokens", tokens),
-      DOUBLE_FIELD("data.val_fraction", val_fraction, 0.0),
-      INT_FIELD("train.batch_size", batch_size, 1),
-      INT_FIELD("train.seq_len", seq_len, 1),
-      INT_FIELD("train.steps", steps, 1),
-      INT_FIELD("train.seed", seed, 0),
-      INT_FIELD("train.log_interval", log_interval, 1),
-      INT_FIELD("train.eval_interval", eval_interval, 0),
-      INT_FIELD("train.eval_batches", eval_batches, 1),
-      INT_FIELD("train.checkpoint_interval", checkpoint_interval, 0),
-      INT_FIELD("train.keep_checkpoints", keep_checkpoints, 1),
-      STRING_FIELD("train.out_dir", out_dir),
-      STRING_FIELD("train.device", device),
-      STRING_FIELD("train.sample_prompt", sample_prompt),
-      INT_FIELD("train.sample_tokens", sample_tokens, 0),
-      CHOICE_FIELD("optimizer.algorithm", algorithm, "sgd", "adam", "adamw"),
-      DOUBLE_FIELD("optimizer.lr", lr, 0.0),
-      DOUBLE_FIELD("optimizer.weight_decay", weight_decay, 0.0),
-      DOUBLE_FIELD("optimizer.beta1", beta1, 0.0),
-      DOUBLE_FIELD("optimizer.beta2", beta2, 0.0),
-      DOUBLE_FIELD("optimizer.eps", eps, 0.0),
-      DOUBLE_FIELD("optimizer.momentum", momentum, 0.0),
-      BOOL_FIELD("optimizer.in_backward", in_backward),
-      CHOICE_FIELD("optimizer.clip", clip, "none", "global_norm", "global_norm_two_pass", "per_param_norm"),
-      DOUBLE_FIELD("optimizer.max_grad_norm", max_grad_norm, 0.0),
-      CHOICE_FIELD("optimizer.state_precision", state_precision, "fp32", "bf16", "int8", "int4"),
-      CHOICE_FIELD("optimizer.state_placement", state_placement, "device", "host", "mmap"),
-      STRING_FIELD("optimizer.state_dir", state_dir),
-      BOOL_FIELD("optimizer.stochastic_rounding", stochastic_rounding),
-      CHOICE_FIELD("schedule.kind", schedule, "constant", "linear_warmup", "cosine", "linear_decay", "step"),
-      INT_FIELD("schedule.warmup_steps", warmup_steps, 0),
-      DOUBLE_FIELD("schedule.min_lr_ratio", min_lr_ratio, 0.0),
+      STRING_FIELD("name", r.name),
+      CHOICE_FIELD("model.arch", r.model.arch, "llama", "gpt2"),
+      INT_FIELD("model.vocab_size", r.model.vocab_size, 0),
+      INT_FIELD("model.dim", r.model.dim, 1),
+      INT_FIELD("model.n_layers", r.model.n_layers, 1),
+      INT_FIELD("model.n_heads", r.model.n_heads, 1),
+      INT_FIELD("model.n_kv_heads", r.model.n_kv_heads, 1),
+      INT_FIELD("model.ffn_dim", r.model.ffn_dim, 1),
+      INT_FIELD("model.max_seq_len", r.model.max_seq_len, 1),
+      DOUBLE_FIELD("model.rope_theta", r.model.rope_theta, 1.0),
+      DOUBLE_FIELD("model.norm_eps", r.model.norm_eps, 0.0),
+      BOOL_FIELD("model.tie_embeddings", r.model.tie_embeddings),
+      ENUM_FIELD("model.dtype", r.dtype, parse_dtype, dtype_name, kRecipeDtypes),
+      STRING_FIELD("model.init_from", r.init_from),
+      STRING_FIELD("data.corpus", r.corpus),
+      STRING_FIELD("data.tokenizer", r.tokenizer),
+      STRING_FIELD("data.tokens", r.tokens),
+      DOUBLE_FIELD("data.val_fraction", r.val_fraction, 0.0),
+      INT_FIELD("train.batch_size", r.batch_size, 1),
+      INT_FIELD("train.seq_len", r.seq_len, 1),
+      INT_FIELD("train.steps", r.steps, 1),
+      INT_FIELD("train.seed", r.seed, 0),
+      INT_FIELD("train.log_interval", r.log_interval, 1),
+      INT_FIELD("train.eval_interval", r.eval_interval, 0),
+      INT_FIELD("train.eval_batches", r.eval_batches, 1),
+      INT_FIELD("train.checkpoint_interval", r.checkpoint_interval, 0),
+      INT_FIELD("train.keep_checkpoints", r.keep_checkpoints, 1),
+      STRING_FIELD("train.out_dir", r.out_dir),
+      {"train.device", [](Recipe& r, const std::string& v) { r.device = to_device(v); },
+       [](const Recipe& r) { return r.device.str(); }},
+      STRING_FIELD("train.sample_prompt", r.sample_prompt),
+      INT_FIELD("train.sample_tokens", r.sample_tokens, 0),
+      ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name,
+                 optim::kAllAlgorithms),
+      DOUBLE_FIELD("optimizer.lr", r.optimizer.lr(), 0.0),
+      DOUBLE_FIELD("optimizer.weight_decay", r.optimizer.weight_decay(), 0.0),
+      DOUBLE_FIELD("optimizer.beta1", r.optimizer.beta1(), 0.0),
+      DOUBLE_FIELD("optimizer.beta2", r.optimizer.beta2(), 0.0),
+      DOUBLE_FIELD("optimizer.eps", r.optimizer.eps(), 0.0),
+      DOUBLE_FIELD("optimizer.momentum", r.optimizer.momentum(), 0.0),
+      {"optimizer.in_backward",
+       [](Recipe& r, const std::string& v) { r.optimizer.mode(to_bool(v) ? optim::Mode::in_backward : optim::Mode::standard); },
+       [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }},
+      ENUM_FIELD("optimizer.clip", r.optimizer.clip(), optim::parse_clip, optim::clip_name, optim::kAllClips),
+      DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0),
+      ENUM_FIELD("optimizer.state_precision", r.optimizer.state().precision(), optim::parse_precision,
+                 optim::precision_name, optim::kAllStatePrecisions),
+      ENUM_FIELD("optimizer.state_placement", r.optimizer.state().placement(), optim::parse_placement,
+                 optim::placement_name, optim::kAllStatePlacements),
+      STRING_FIELD("optimizer.state_dir", r.optimizer.state().mmap_dir()),
+      BOOL_FIELD("optimizer.stochastic_rounding", r.optimizer.stochastic_rounding()),
+      ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name,
+                 optim::kAllScheduleKinds),
+      INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0),
+      DOUBLE_FIELD("schedule.min_lr_ratio", r.schedule.min_lr_ratio(), 0.0),
       {"memory.checkpointing",
        [](Recipe& r, const std::string& v) {
          try {
-           r.checkpointing = checkpoint::CheckpointPolicy::parse(v).name();
+           r.checkpointing = checkpoint::CheckpointPolicy::parse(v);
          } catch (const std::invalid_argument&) {
-           throw std::invalid_argument("one of none, full, every_K (K >= 1), selective");
+           throw std::invalid_argument(std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names());
          }
        },
-       [](const Recipe& r) { return r.checkpointing; }},
+       [](const Recipe& r) { return r.checkpointing.name(); }},
       {"memory.activation_budget",
        [](Recipe& r, const std::string& v) {
          const auto b = io::parse_bytes(v);
@@ -142,8 +177,8 @@ const std::vector<Field>& fields() {
          r.activation_budget = *b;
        },
        [](const Recipe& r) { return std::to_string(r.activation_budget); }},
-      BOOL_FIELD("memory.chunked_loss", chunked_loss),
-      INT_FIELD("memory.loss_chunk", loss_chunk, 1),
+      BOOL_FIELD("memory.chunked_loss", r.loss.chunked()),
+      INT_FIELD("memory.loss_chunk", r.loss.chunk_size(), 1),
   };
   return table;
 }
@@ -197,18 +232,30 @@ void validate(Recipe& r, const std::string& source) {
     bad("train.seq_len " + std::to_string(r.seq_len) + " exceeds model.max_seq_len " + std::to_string(r.model.max_seq_len));
   }
   if (r.val_fraction >= 1) bad("data.val_fraction must be below 1");
-  if (r.beta1 >= 1 || r.beta2 >= 1) bad("optimizer.beta1 and optimizer.beta2 must be below 1");
-  if (r.in_backward && r.clip == "global_norm") {
+  if (r.optimizer.beta1() >= 1 || r.optimizer.beta2() >= 1) bad("optimizer.beta1 and optimizer.beta2 must be below 1");
+  if (r.in_backward() && r.optimizer.clip() == optim::Clip::global_norm) {
     bad("optimizer.clip global_norm cannot run inside backward in one pass; use global_norm_two_pass or per_param_norm");
   }
-  if ((r.schedule == "cosine" || r.schedule == "linear_decay") && r.warmup_steps >= r.steps) {
-    bad("schedule.warmup_steps (" + std::to_string(r.warmup_steps) + ") must be below train.steps (" + std::to_string(r.steps) + ")");
+  const optim::ScheduleKind kind = r.schedule.kind();
+  if ((kind == optim::ScheduleKind::cosine || kind == optim::ScheduleKind::linear_decay) &&
+      r.schedule.warmup_steps() >= r.steps) {
+    bad("schedule.warmup_steps (" + std::to_string(r.schedule.warmup_steps()) + ") must be below train.steps (" +
+        std::to_string(r.steps) + ")");
   }
-  if (r.device != "cpu" && r.device != "cuda" && r.device.rfind("cuda:", 0) != 0) bad("train.device must be cpu, cuda or cuda:N");
+  r.schedule.total_steps(r.steps);
   if (r.corpus.empty() && r.tokens.empty()) bad("data.corpus or data.tokens must be set");
 }
 
 }  // namespace
+
+const char* dtype_name(at::ScalarType dtype) { return dtype == at::kBFloat16 ? "bf16" : "fp32"; }
+
+std::optional<at::ScalarType> parse_dtype(const std::string& name) {
+  for (at::ScalarType t : kRecipeDtypes) {
+    if (name == dtype_name(t)) return t;
+  }
+  return std::nullopt;
+}
 
 std::vector<std::string> recipe_keys() {
   std::vector<std::string> keys;

@@ -27,26 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-optim::OptimizerOptions optimizer_options(const Recipe& r) {
-  optim::OptimizerOptions o;
-  o.algorithm(r.algorithm == "sgd" ? optim::Algorithm::sgd : r.algorithm == "adam" ? optim::Algorithm::adam
-                                                                                 : optim::Algorithm::adamw);
-  o.lr(r.lr).weight_decay(r.weight_decay).beta1(r.beta1).beta2(r.beta2).eps(r.eps);
-  if (r.algorithm == "sgd") o.momentum(r.momentum);
-  o.mode(r.in_backward ? optim::Mode::in_backward : optim::Mode::standard);
-  o.clip(r.clip == "global_norm" ? optim::Clip::global_norm
-         : r.clip == "global_norm_two_pass" ? optim::Clip::global_norm_two_pass
-         : r.clip == "per_param_norm" ? optim::Clip::per_param_norm
-                                      : optim::Clip::none);
-  o.max_grad_norm(r.max_grad_norm);
-  o.state(optim::StateOptions()
-              .precision(*optim::parse_precision(r.state_precision))
-              .placement(*optim::parse_placement(r.state_placement))
-              .mmap_dir(r.state_dir));
-  o.stochastic_rounding(r.stochastic_rounding);
-  return o;
-}
-
 // Weight decay on matrices only (not on norms, biases or... embeddings included, as is common).
 std::vector<optim::ParamGroup> param_groups(models::DecoderImpl& model) {
   optim::ParamGroup decay, no_decay;
@@ -184,7 +164,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
 
   models::DecoderConfig cfg = r.model;
   cfg.vocab_size = data.vocab_size;
-  const c10::Device device(r.device);
+  const c10::Device device = r.device;
   result.estimate = estimate_training_memory(r, cfg.vocab_size);
   result.estimate_plain = estimate_training_memory(without_techniques(r), cfg.vocab_size);
 
@@ -214,15 +194,13 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
       }
       models::load_hf_weights(*model, r.init_from);
     }
-    model->to(device, r.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+    model->to(device, r.dtype);
   }
   result.n_params = cfg.param_count();
-  const models::LossOptions loss_options = models::LossOptions().chunked(r.chunked_loss).chunk_size(r.loss_chunk);
+  const models::LossOptions& loss_options = r.loss;
 
-  optim::Optimizer opt(param_groups(*model), optimizer_options(r));
-  optim::ScheduleOptions sched_options;
-  sched_options.kind(*optim::parse_schedule(r.schedule)).warmup_steps(r.warmup_steps).total_steps(r.steps).min_lr_ratio(r.min_lr_ratio);
-  optim::LRScheduler sched(opt, sched_options);
+  optim::Optimizer opt(param_groups(*model), r.optimizer);
+  optim::LRScheduler sched(opt, optim::ScheduleOptions(r.schedule).total_steps(r.steps));
 
   auto batch = [&](int64_t step) {
     memory::CategoryScope scope(memory::Category::input);
@@ -250,7 +228,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& options, const std
     log("activation plan for " + io::human_bytes(r.activation_budget) + ": " + plan->describe() + " (predicted " +
         io::human_bytes(plan->predicted_bytes) + ")");
   } else {
-    model->set_checkpointing(checkpoint::CheckpointPolicy::parse(r.checkpointing));
+    model->set_checkpointing(r.checkpointing);
   }
 
   // Resume.

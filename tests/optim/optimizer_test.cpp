@@ -335,3 +335,13 @@ TEST(Optimizer, MismatchedStateIsRefusedWithTheNames) {
   }
   opt.load_state_dict(state);  // the real one loads
 }
+
+TEST(Optimizer, NameTablesReadBackEveryValue) {
+  for (Algorithm a : optim::kAllAlgorithms) EXPECT_EQ(optim::parse_algorithm(optim::algorithm_name(a)), a);
+  for (Clip c : optim::kAllClips) EXPECT_EQ(optim::parse_clip(optim::clip_name(c)), c);
+  for (auto p : optim::kAllStatePrecisions) EXPECT_EQ(optim::parse_precision(optim::precision_name(p)), p);
+  for (auto p : optim::kAllStatePlacements) EXPECT_EQ(optim::parse_placement(optim::placement_name(p)), p);
+  for (auto k : optim::kAllScheduleKinds) EXPECT_EQ(optim::parse_schedule(optim::schedule_name(k)), k);
+  EXPECT_FALSE(optim::parse_algorithm("lion").has_value());
+  EXPECT_FALSE(optim::parse_clip("Global_Norm").has_value());
+}

@@ -49,11 +49,12 @@ TEST(Recipe, ReadsEveryKindOfKeyAndOverrides) {
   EXPECT_EQ(r.model.dim, 32);
   EXPECT_EQ(r.model.n_kv_heads, 2);
   EXPECT_EQ(r.steps, 30);
-  EXPECT_DOUBLE_EQ(r.lr, 3e-4);
-  EXPECT_TRUE(r.in_backward);
-  EXPECT_TRUE(r.chunked_loss);
-  EXPECT_EQ(r.clip, "global_norm_two_pass");
-  EXPECT_EQ(r.checkpointing, "every_2");
+  EXPECT_DOUBLE_EQ(r.optimizer.lr(), 3e-4);
+  EXPECT_EQ(r.optimizer.mode(), frugal::optim::Mode::in_backward);
+  EXPECT_TRUE(r.loss.chunked());
+  EXPECT_EQ(r.optimizer.clip(), frugal::optim::Clip::global_norm_two_pass);
+  EXPECT_EQ(r.checkpointing.kind, frugal::checkpoint::PolicyKind::every_k);
+  EXPECT_EQ(r.checkpointing.k, 2);
   EXPECT_EQ(r.activation_budget, 2 << 20);
   EXPECT_EQ(r.sample_prompt, "A: b");
 }
@@ -73,7 +74,15 @@ TEST(Recipe, ErrorsNameTheKeyAndWhatIsAllowed) {
   expect_error(kYaml, {"train.stpes=3"}, "unknown key 'train.stpes'");
   expect_error(kYaml, {"train.steps=many"}, "train.steps must be an integer, got 'many'");
   expect_error(kYaml, {"train.steps=0"}, "train.steps must be an integer >= 1, got '0'");
-  expect_error(kYaml, {"optimizer.algorithm=lion"}, "optimizer.algorithm must be one of sgd, adam, adamw, got 'lion'");
+  expect_error(kYaml, {"optimizer.algorithm=lion"}, "override: optimizer.algorithm must be one of sgd, adam, adamw, got 'lion'");
+  expect_error(kYaml, {"optimizer.clip=x"},
+               "override: optimizer.clip must be one of none, global_norm, global_norm_two_pass, per_param_norm, got 'x'");
+  expect_error(kYaml, {"optimizer.state_precision=fp8"}, "optimizer.state_precision must be one of fp32, bf16, int8, int4, got 'fp8'");
+  expect_error(kYaml, {"optimizer.state_placement=disk"}, "optimizer.state_placement must be one of device, host, mmap, got 'disk'");
+  expect_error(kYaml, {"schedule.kind=cos"}, "schedule.kind must be one of constant, linear_warmup, cosine, linear_decay, step, got 'cos'");
+  expect_error(kYaml, {"model.dtype=fp16"}, "model.dtype must be one of fp32, bf16, got 'fp16'");
+  expect_error(kYaml, {"train.device=tpu"}, "train.device must be cpu, cuda or cuda:N, got 'tpu'");
+  expect_error(kYaml, {"train.device=cuda:x"}, "train.device must be cpu, cuda or cuda:N, got 'cuda:x'");
   expect_error(kYaml, {"memory.checkpointing=most"}, "memory.checkpointing must be one of none, full, every_K");
   expect_error(kYaml, {"optimizer.clip=global_norm"}, "cannot run inside backward in one pass");
   expect_error(kYaml, {"model.n_heads=5"}, "model: dim 32 must be divisible by n_heads 5");
@@ -82,4 +91,42 @@ TEST(Recipe, ErrorsNameTheKeyAndWhatIsAllowed) {
   expect_error("model: [1, 2", {}, "not valid YAML");
   expect_error("model:\n  dims: 3\n", {}, "unknown key 'model.dims'");
   EXPECT_THROW(load_recipe("/nonexistent/recipe.yaml"), RecipeError);
+}
+
+TEST(Recipe, HoldsTheTypedOptionsTheLayersTake) {
+  using namespace frugal;
+  const Recipe defaults = parse_recipe("data:\n  corpus: /tmp/x\n", "r.yaml");
+  EXPECT_EQ(defaults.dtype, at::kFloat);
+  EXPECT_TRUE(defaults.device.is_cpu());
+  EXPECT_EQ(defaults.optimizer.algorithm(), optim::Algorithm::adamw);
+  EXPECT_DOUBLE_EQ(defaults.optimizer.weight_decay(), 0.1);
+  EXPECT_DOUBLE_EQ(defaults.optimizer.beta2(), 0.95);
+  EXPECT_EQ(defaults.optimizer.mode(), optim::Mode::standard);
+  EXPECT_EQ(defaults.optimizer.clip(), optim::Clip::none);
+  EXPECT_EQ(defaults.schedule.kind(), optim::ScheduleKind::cosine);
+  EXPECT_EQ(defaults.schedule.total_steps(), defaults.steps);
+  EXPECT_EQ(defaults.checkpointing.kind, checkpoint::PolicyKind::none);
+  EXPECT_FALSE(defaults.loss.chunked());
+
+  const Recipe r = parse_recipe(kYaml, "r.yaml",
+                                {"model.dtype=bf16", "train.device=cuda:1", "optimizer.algorithm=sgd", "optimizer.momentum=0.5",
+                                 "optimizer.state_precision=int4", "optimizer.state_placement=mmap", "optimizer.state_dir=/var/tmp",
+                                 "schedule.kind=linear_decay", "schedule.warmup_steps=3", "memory.loss_chunk=77", "train.steps=50"});
+  EXPECT_EQ(r.dtype, at::kBFloat16);
+  EXPECT_EQ(r.device, c10::Device(c10::kCUDA, 1));
+  EXPECT_EQ(r.optimizer.algorithm(), optim::Algorithm::sgd);
+  EXPECT_DOUBLE_EQ(r.optimizer.momentum(), 0.5);
+  EXPECT_EQ(r.optimizer.state().precision(), optim::StatePrecision::int4);
+  EXPECT_EQ(r.optimizer.state().placement(), optim::StatePlacement::mmap);
+  EXPECT_EQ(r.optimizer.state().mmap_dir(), "/var/tmp");
+  EXPECT_EQ(r.schedule.kind(), optim::ScheduleKind::linear_decay);
+  EXPECT_EQ(r.schedule.warmup_steps(), 3);
+  EXPECT_EQ(r.schedule.total_steps(), 50);
+  EXPECT_EQ(r.loss.chunk_size(), 77);
+  // Every typed value is written back as the text that parses to it.
+  const Recipe back = parse_recipe(recipe_to_yaml(r), "saved.yaml");
+  EXPECT_EQ(recipe_to_yaml(back), recipe_to_yaml(r));
+  EXPECT_EQ(back.device, r.device);
+  EXPECT_EQ(back.optimizer.state().precision(), optim::StatePrecision::int4);
+  EXPECT_EQ(back.checkpointing.name(), "every_2");
 }

@@ -32,6 +32,8 @@ struct CheckpointPolicy {
   static CheckpointPolicy selective() { return {PolicyKind::selective, 1}; }
   // "none", "full", "every_K" (K >= 1), "selective"; throws std::invalid_argument naming the text.
   static CheckpointPolicy parse(const std::string& text);
+  // What parse() accepts, for messages: "none, full, every_K (K >= 1), selective".
+  static const char* allowed_names();
 
   std::string name() const;  // the text parse() accepts
   bool checkpoints(int64_t block_index) const;

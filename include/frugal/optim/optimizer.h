@@ -29,6 +29,7 @@
 #include <torch/arg.h>
 #include <torch/ordered_dict.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,9 +43,14 @@ namespace optim {
 
 enum class Mode { standard, in_backward };
 enum class Clip { none, global_norm, global_norm_two_pass, per_param_norm };
+constexpr std::array<Clip, 4> kAllClips = {Clip::none, Clip::global_norm, Clip::global_norm_two_pass,
+                                           Clip::per_param_norm};
 
-const char* mode_name(Mode m);
+const char* mode_name(Mode m);  // "standard", "in_backward"
+// "none", "global_norm", "global_norm_two_pass", "per_param_norm"; parse_clip is the inverse
+// (nullopt for any other text).
 const char* clip_name(Clip c);
+std::optional<Clip> parse_clip(const std::string& name);
 
 struct OptimizerOptions {
   TORCH_ARG(Algorithm, algorithm) = Algorithm::adamw;

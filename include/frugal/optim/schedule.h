@@ -16,6 +16,7 @@
 
 #include <torch/arg.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,7 +27,12 @@ namespace frugal {
 namespace optim {
 
 enum class ScheduleKind { constant, linear_warmup, cosine, linear_decay, step };
+constexpr std::array<ScheduleKind, 5> kAllScheduleKinds = {ScheduleKind::constant, ScheduleKind::linear_warmup,
+                                                           ScheduleKind::cosine, ScheduleKind::linear_decay,
+                                                           ScheduleKind::step};
 
+// "constant", "linear_warmup", "cosine", "linear_decay", "step"; parse_schedule is the inverse
+// (nullopt for any other text).
 const char* schedule_name(ScheduleKind k);
 std::optional<ScheduleKind> parse_schedule(const std::string& name);
 

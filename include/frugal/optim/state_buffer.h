@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,9 +28,15 @@ namespace optim {
 
 enum class StatePrecision { fp32, bf16, int8, int4 };
 enum class StatePlacement { device, host, mmap };
+constexpr std::array<StatePrecision, 4> kAllStatePrecisions = {StatePrecision::fp32, StatePrecision::bf16,
+                                                                StatePrecision::int8, StatePrecision::int4};
+constexpr std::array<StatePlacement, 3> kAllStatePlacements = {StatePlacement::device, StatePlacement::host,
+                                                                StatePlacement::mmap};
 
+// "fp32", "bf16", "int8", "int4"; parse_precision is the inverse (nullopt for any other text).
 const char* precision_name(StatePrecision p);
 std::optional<StatePrecision> parse_precision(const std::string& s);
+// "device", "host", "mmap"; parse_placement is the inverse.
 const char* placement_name(StatePlacement p);
 std::optional<StatePlacement> parse_placement(const std::string& s);
 

@@ -9,7 +9,10 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "frugal/optim/state_buffer.h"
 
@@ -17,8 +20,11 @@ namespace frugal {
 namespace optim {
 
 enum class Algorithm { sgd, adam, adamw };
+constexpr std::array<Algorithm, 3> kAllAlgorithms = {Algorithm::sgd, Algorithm::adam, Algorithm::adamw};
 
+// "sgd", "adam", "adamw"; parse_algorithm is the inverse (nullopt for any other text).
 const char* algorithm_name(Algorithm a);
+std::optional<Algorithm> parse_algorithm(const std::string& name);
 
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;

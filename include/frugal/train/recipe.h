@@ -1,18 +1,30 @@
-// frugal/train/recipe.h — a training job in one YAML file, every knob a key.
+// frugal/train/recipe.h — a training job in one YAML file, every knob a key, parsed once into typed options.
 //
 // Sections: model, data, train, optimizer, schedule, memory (see recipes/*.yaml). Any key can be
 // overridden as section.key=value; an unknown key or a bad value is a RecipeError naming the key
-// and what is allowed.
+// and what is allowed (the allowed values of an enum come from its layer's name table:
+// optim::parse_clip, optim::parse_precision, checkpoint::CheckpointPolicy::parse, ...). The recipe
+// holds the options the layers take (optim::OptimizerOptions, optim::ScheduleOptions,
+// checkpoint::CheckpointPolicy, models::LossOptions, a c10::Device), so nothing downstream
+// re-parses text.
 //
 //   auto recipe = frugal::train::load_recipe("recipes/tiny.yaml", {"train.steps=20", "optimizer.in_backward=true"});
-//   std::string yaml = frugal::train::recipe_to_yaml(recipe);   // what a checkpoint stores
+//   frugal::optim::Optimizer opt(model->named_parameters(), recipe.optimizer);
+//   std::string yaml = frugal::train::recipe_to_yaml(recipe);   // what a checkpoint stores; parses back the same
 #pragma once
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "frugal/checkpoint/policy.h"
 #include "frugal/models/decoder.h"
+#include "frugal/optim/optimizer.h"
+#include "frugal/optim/schedule.h"
 
 namespace frugal {
 namespace train {
@@ -23,13 +35,13 @@ struct RecipeError : std::invalid_argument {
 
 struct Recipe {
   std::string name = "recipe";
-  models::DecoderConfig model;  // model.vocab_size 0: take it from the tokenizer
-  std::string dtype = "fp32";   // fp32 or bf16
-  std::string init_from;        // a Hugging Face checkpoint folder to fine-tune from ("" = random init)
+  models::DecoderConfig model;           // model.vocab_size 0: take it from the tokenizer
+  at::ScalarType dtype = at::kFloat;     // model.dtype: fp32 or bf16 (dtype_name / parse_dtype)
+  std::string init_from;                 // a Hugging Face checkpoint folder to fine-tune from ("" = random init)
   // data
-  std::string corpus;           // a text file or folder
-  std::string tokenizer;        // a SentencePiece .model; trained on the corpus when missing
-  std::string tokens;           // the token file; made from the corpus when missing
+  std::string corpus;                    // a text file or folder
+  std::string tokenizer;                 // a SentencePiece .model; trained on the corpus when missing
+  std::string tokens;                    // the token file; made from the corpus when missing
   double val_fraction = 0.05;
   // train
   int64_t batch_size = 8;
@@ -42,31 +54,28 @@ struct Recipe {
   int64_t checkpoint_interval = 50;
   int64_t keep_checkpoints = 2;
   std::string out_dir = "out/run";
-  std::string device = "cpu";
+  c10::Device device = c10::kCPU;        // train.device: cpu, cuda or cuda:N
   std::string sample_prompt = "";
   int64_t sample_tokens = 48;
-  // optimizer
-  std::string algorithm = "adamw";  // sgd, adam, adamw
-  double lr = 1e-3;
-  double weight_decay = 0.1;
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, momentum = 0.9;
-  bool in_backward = false;
-  std::string clip = "none";        // none, global_norm, global_norm_two_pass, per_param_norm
-  double max_grad_norm = 1.0;
-  std::string state_precision = "fp32";  // fp32, bf16, int8, int4 (Adam(W) moments)
-  std::string state_placement = "device";  // device, host (streamed to the device), mmap (paged files)
-  std::string state_dir = "/tmp";          // where mmap placement keeps its files
-  bool stochastic_rounding = false;        // bf16 parameters
-  // schedule
-  std::string schedule = "cosine";  // constant, linear_warmup, cosine, linear_decay, step
-  int64_t warmup_steps = 10;
-  double min_lr_ratio = 0.1;
+  // optimizer.*: algorithm, lr, weight_decay, beta1, beta2, eps, momentum (sgd only), in_backward
+  // (mode), clip, max_grad_norm, state_precision / state_placement / state_dir (state()),
+  // stochastic_rounding.
+  optim::OptimizerOptions optimizer =
+      optim::OptimizerOptions().lr(1e-3).weight_decay(0.1).beta1(0.9).beta2(0.95).eps(1e-8).momentum(0.9);
+  // schedule.*: kind, warmup_steps, min_lr_ratio; total_steps is train.steps (set at load).
+  optim::ScheduleOptions schedule =
+      optim::ScheduleOptions().kind(optim::ScheduleKind::cosine).warmup_steps(10).total_steps(100).min_lr_ratio(0.1);
   // memory
-  std::string checkpointing = "none";  // none, full, every_K, selective
-  int64_t activation_budget = 0;       // bytes; > 0 plans the checkpointing to fit (overrides checkpointing)
-  bool chunked_loss = false;
-  int64_t loss_chunk = 1024;
+  checkpoint::CheckpointPolicy checkpointing;  // memory.checkpointing: none, full, every_K, selective
+  int64_t activation_budget = 0;               // bytes; > 0 plans the checkpointing to fit (overrides checkpointing)
+  models::LossOptions loss;                    // memory.chunked_loss (chunked), memory.loss_chunk (chunk_size)
+
+  bool in_backward() const { return optimizer.mode() == optim::Mode::in_backward; }
 };
+
+// The parameter dtypes a recipe accepts: "fp32" (at::kFloat) and "bf16" (at::kBFloat16).
+const char* dtype_name(at::ScalarType dtype);
+std::optional<at::ScalarType> parse_dtype(const std::string& name);
 
 // Reads the YAML file, applies key=value overrides, validates. Throws RecipeError.
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
