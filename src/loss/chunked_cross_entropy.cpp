@@ -106,5 +106,18 @@ at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& wei
                                     options.reduction() == Reduction::mean)[0];
 }
 
+ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size,
+                                                     at::ScalarType dtype) {
+  const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t n = std::min(chunk_size, N);
+  const int64_t low_precision_logits = dtype == at::kFloat ? 0 : n * V * e;  // chunk_logits before .to(fp32)
+  ChunkedCrossEntropyBytes b;
+  b.kept = N * (4 + 8 + 1);                                  // lse (fp32), safe_targets (int64), valid (bool)
+  b.forward_temporary = 2 * n * V * 4 + low_precision_logits;  // logits and logsumexp's exp(logits - max)
+  b.backward_temporary = n * V * 4 + low_precision_logits + N * H * e + n * H * 4;  // p, grad_hidden, p.mm(w)
+  b.weight_gradient = V * H * 4;
+  return b;
+}
+
 }  // namespace loss
 }  // namespace frugal

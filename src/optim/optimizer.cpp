@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -411,6 +412,33 @@ int64_t Optimizer::state_bytes() const {
     if (p.state.m) total += p.state.m->bytes() + p.state.v->bytes();
   }
   return total;
+}
+
+StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, const OptimizerOptions& o) {
+  const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
+  StateBufferBytes b;
+  if (o.algorithm() == Algorithm::sgd) {
+    b.total = o.momentum() > 0 ? numel * e : 0;  // the momentum buffer, a clone of the gradient
+    return b;
+  }
+  const bool buffered = o.state().precision() != StatePrecision::fp32 || o.state().placement() != StatePlacement::device ||
+                        (o.stochastic_rounding() && dtype == at::kBFloat16);  // Hyper::buffered
+  if (!buffered) {
+    b.total = 2 * numel * e;  // exp_avg and exp_avg_sq like the parameter, as torch::optim keeps them
+    return b;
+  }
+  const StateBufferBytes one = state_buffer_bytes(numel, o.state());
+  b.total = 2 * one.total;
+  b.in_files = 2 * one.in_files;
+  return b;
+}
+
+int64_t shared_code_table_bytes(const std::vector<int64_t>& numels, const OptimizerOptions& o) {
+  if (o.algorithm() == Algorithm::sgd) return 0;
+  const StatePrecision p = o.state().precision();
+  if (p != StatePrecision::int8 && p != StatePrecision::int4) return 0;
+  const bool any = std::any_of(numels.begin(), numels.end(), [&](int64_t n) { return effective_precision(n, o.state()) == p; });
+  return any ? 2 * code_table_bytes(p == StatePrecision::int8 ? 8 : 4) : 0;  // signed and unsigned maps
 }
 
 }  // namespace optim

@@ -63,9 +63,15 @@ at::Tensor dynamic_code_map(bool is_signed, int bits) {
   return std::get<0>(map.sort());
 }
 
+int64_t code_table_bytes(int bits) {
+  const int64_t levels = int64_t{1} << bits;
+  return levels * 4 + (levels - 1) * 4 + (int64_t{1} << 17) + levels * 4;  // map, boundaries, lut, lut_boundaries
+}
+
 namespace {
 
-// The maps and their midpoints, made once per (signedness, bits, device) and shared by all buffers.
+// The maps and their midpoints, made once per (signedness, bits, device) and shared by all buffers
+// (code_table_bytes counts them).
 struct SharedMap {
   at::Tensor map, boundaries, lut, lut_boundaries;
 };

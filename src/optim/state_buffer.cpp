@@ -1,5 +1,7 @@
 #include "frugal/optim/state_buffer.h"
 
+#include <c10/core/Allocator.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -44,14 +46,42 @@ std::optional<StatePlacement> parse_placement(const std::string& s) {
   return std::nullopt;
 }
 
-StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOptions& o)
-    : numel_(param.numel()), shape_(param.sizes().vec()), precision_(o.precision()), placement_(o.placement()),
-      signed_(is_signed), mmap_dir_(o.mmap_dir()) {
-  if (numel_ < o.min_quantized_numel() && (precision_ == StatePrecision::int8 || precision_ == StatePrecision::int4)) {
-    precision_ = StatePrecision::fp32;  // small tensors: scales would cost more than they save
+int64_t state_block_size(StatePrecision precision) {
+  switch (precision) {
+    case StatePrecision::int8: return 256;
+    case StatePrecision::int4: return 128;
+    default: return 1;
   }
+}
+
+StatePrecision effective_precision(int64_t numel, const StateOptions& o) {
+  const bool quantized = o.precision() == StatePrecision::int8 || o.precision() == StatePrecision::int4;
+  // small tensors: scales would cost more than they save
+  return quantized && numel < o.min_quantized_numel() ? StatePrecision::fp32 : o.precision();
+}
+
+StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& o) {
+  const StatePrecision p = effective_precision(numel, o);
+  StateBufferBytes b;
+  int64_t dense = 0, scales = 0;
+  if (p == StatePrecision::fp32 || p == StatePrecision::bf16) {
+    dense = numel * (p == StatePrecision::fp32 ? 4 : 2);
+  } else {
+    const int64_t block = state_block_size(p), blocks = (numel + block - 1) / block;
+    dense = p == StatePrecision::int8 ? blocks * block : blocks * block / 2;  // codes of the padded blocks
+    scales = blocks * 4;
+  }
+  b.total = dense + scales;
+  b.in_files = o.placement() == StatePlacement::mmap ? dense : 0;
+  return b;
+}
+
+StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOptions& o)
+    : numel_(param.numel()), shape_(param.sizes().vec()), precision_(effective_precision(param.numel(), o)),
+      placement_(o.placement()), signed_(is_signed), mmap_dir_(o.mmap_dir()) {
   device_ = placement_ == StatePlacement::device ? param.device() : at::Device(at::kCPU);
-  const int64_t block = precision_ == StatePrecision::int4 ? 128 : 256;
+  // Chunks of the streamed update hold whole blocks (256 values for the unquantized precisions).
+  const int64_t block = state_block_size(precision_) > 1 ? state_block_size(precision_) : 256;
   chunk_ = std::max<int64_t>(block, o.chunk_elements() / block * block);
   switch (precision_) {
     case StatePrecision::fp32: dense_ = allocate(numel_, at::kFloat, device_); break;
@@ -71,7 +101,10 @@ StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOpt
 StateBuffer::~StateBuffer() {
   dense_ = at::Tensor();
   quantized_.reset();
-  for (auto& [p, n] : maps_) ::munmap(p, n);
+  for (auto& [p, n] : maps_) {
+    ::munmap(p, n);
+    c10::reportMemoryUsageToProfiler(p, -static_cast<int64_t>(n), 0, 0, c10::Device(c10::kCPU));
+  }
 }
 
 at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device device) {
@@ -90,6 +123,9 @@ at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device
   ::close(fd);
   if (p == MAP_FAILED) throw std::runtime_error("optimizer state: cannot map a file in " + mmap_dir_);
   maps_.emplace_back(p, bytes);
+  // Mapped state is the process's memory too (on the CPU, the device's): the tracker sees it as
+  // it sees allocator memory, in the scope that made it (optimizer_state).
+  c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(bytes), 0, 0, c10::Device(c10::kCPU));
   return at::from_blob(p, {numel}, at::TensorOptions().dtype(dtype));  // zeros: a fresh file reads as zeros
 }
 

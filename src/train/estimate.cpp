@@ -4,11 +4,28 @@
 #include <sstream>
 #include <vector>
 
+#include "frugal/checkpoint/planner.h"
 #include "frugal/checkpoint/policy.h"
+#include "frugal/models/activation_bytes.h"
 #include "frugal/io/units.h"
 
 namespace frugal {
 namespace train {
+namespace {
+
+// Sizes from a recipe can be absurd (model.vocab_size=9223372036854775807): refuse rather than wrap.
+int64_t checked_add(int64_t a, int64_t b, const char* what) {
+  int64_t out = 0;
+  if (__builtin_add_overflow(a, b, &out)) throw RecipeError(std::string(what) + " of this recipe pass 2^63 bytes");
+  return out;
+}
+int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) throw RecipeError(std::string(what) + " of this recipe pass 2^63 bytes");
+  return out;
+}
+
+}  // namespace
 
 Recipe without_techniques(const Recipe& recipe) {
   Recipe r = recipe;
@@ -23,114 +40,116 @@ Recipe without_techniques(const Recipe& recipe) {
   return r;
 }
 
+namespace {
+
+// Live bytes at one candidate moment of the step, in the categories that change over it.
+struct Moment {
+  std::string what;
+  int64_t activation = 0, temporary = 0, gradient = 0;
+  int64_t total() const { return activation + temporary + gradient; }
+};
+
+// The blocks as segments (a plan's, or one block each for a policy) and what each block keeps.
+struct BlockLayout {
+  std::vector<checkpoint::Segment> segments;
+  std::vector<int64_t> kept;  // per block
+};
+
+BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& a, int64_t L) {
+  BlockLayout out;
+  out.kept.assign(static_cast<size_t>(L), a.block_plain);
+  if (r.activation_budget > 0) {
+    // The planner on the formula's block costs (identical blocks, equal times): the plan the trainer
+    // makes from measured blocks when the formula is right.
+    std::vector<checkpoint::BlockCost> costs(static_cast<size_t>(L), checkpoint::BlockCost{a.block_plain, a.block_input, 1.0});
+    const auto plan = checkpoint::plan_for_budget(costs, r.activation_budget);
+    out.segments = plan ? plan->segments : checkpoint::sqrt_n_plan(costs).segments;
+    for (const auto& s : out.segments) {
+      if (!s.checkpointed) continue;
+      for (int64_t i = s.begin; i < s.end; ++i) out.kept[static_cast<size_t>(i)] = i == s.begin ? a.block_input : 0;
+    }
+    return out;
+  }
+  const bool selective = r.checkpointing.kind == checkpoint::PolicyKind::selective;
+  for (int64_t i = 0; i < L; ++i) {
+    const bool ckpt = r.checkpointing.checkpoints(i);
+    out.segments.push_back({i, i + 1, ckpt});
+    if (ckpt) out.kept[static_cast<size_t>(i)] = selective ? a.block_selective : a.block_input;
+  }
+  return out;
+}
+
+}  // namespace
+
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   using memory::Category;
   models::DecoderConfig c = r.model;
   c.vocab_size = vocab_size;
-  const int64_t e = r.dtype == at::kBFloat16 ? 2 : 4;  // bytes per element of parameters and activations
-  const int64_t B = r.batch_size, T = r.seq_len, BT = B * T, d = c.dim, f = c.ffn_dim, H = c.n_heads;
-  const int64_t kv = c.n_kv_heads * c.head_dim(), V = vocab_size, L = c.n_layers;
-  const bool llama = c.arch == "llama";
+  const int64_t e = static_cast<int64_t>(c10::elementSize(r.dtype));  // parameters and activations
+  const int64_t BT = r.batch_size * r.seq_len, L = c.n_layers;
+  const bool in_backward = r.in_backward();
 
   MemoryEstimate est;
-  est.n_params = c.param_count();
-  const int64_t P = est.n_params * e;
-  // Adam(W) state per parameter: two moments in the state precision (parameter dtype for fp32 state
-  // of bf16 parameters, as torch's optimizers keep it); off the device when placed in host memory
-  // or files (the estimate is of the compute device's memory).
-  const optim::StatePrecision precision = r.optimizer.state().precision();
-  const double per_moment = precision == optim::StatePrecision::int8   ? 1.0 + 4.0 / 256
-                            : precision == optim::StatePrecision::int4 ? 0.5 + 4.0 / 128
-                            : precision == optim::StatePrecision::bf16 ? 2.0
-                                                                       : static_cast<double>(e);
-  const bool state_on_device = r.optimizer.state().placement() == optim::StatePlacement::device;
-  const bool sgd = r.optimizer.algorithm() == optim::Algorithm::sgd;
-  const int64_t S = sgd ? (r.optimizer.momentum() > 0 ? est.n_params * e : 0)
-                    : state_on_device     ? static_cast<int64_t>(2.0 * per_moment * static_cast<double>(est.n_params))
-                                          : 0;
+  // Each byte formula lives with the code that allocates those bytes; this only adds them up.
+  const std::vector<int64_t> numels = models::parameter_numels(c);
+  for (int64_t n : numels) est.n_params = checked_add(est.n_params, n, "the parameter count");
+  const int64_t P = checked_mul(est.n_params, e, "the parameter bytes");
+  int64_t S = 0;
+  for (int64_t n : numels) {
+    const optim::StateBufferBytes b = optim::state_bytes_for_parameter(n, r.dtype, r.optimizer);
+    S = checked_add(S, b.total, "the optimizer state");
+    est.state_in_files_bytes += b.in_files;
+  }
+  // Host or file placement keeps the state off a GPU; on the CPU that memory is the device's.
+  if (r.device.is_cuda() && r.optimizer.state().placement() != optim::StatePlacement::device) {
+    est.state_off_device_bytes = S;
+    S = 0;
+  }
+  const int64_t tables = optim::shared_code_table_bytes(numels, r.optimizer);
   const int64_t input = 2 * BT * 8;  // inputs and targets, int64
+  const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss);
+  est.activation_per_layer = a.block_plain;
+  const BlockLayout layout = block_layout(r, a, L);
+  int64_t kept_blocks = 0;
+  for (int64_t k : layout.kept) kept_blocks = checked_add(kept_blocks, k, "the activations");
+  const int64_t kept_all = checked_add(kept_blocks, a.head_kept, "the activations");
 
-  // Kept for backward by one block run plainly (see DESIGN notes in decoder.cpp / transformer_block.cpp):
-  //   llama: x, norm1 out, q, k, v (as attention reads them), merged heads, x1, norm2 out   8 x (B,T,d)
-  //          gate, silu(gate), up, silu*up                                               4 x (B,T,f)
-  //          two 1/rms (fp32, one per token each) and the (B,H,T,T) probabilities
-  //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean/rstd (fp32)
-  const int64_t probs = B * H * T * T * e;
-  const int64_t plain_layer = llama ? BT * ((8 * d + 4 * f) * e + 8) + probs : BT * ((8 * d + 2 * f) * e + 16) + probs;
-  const int64_t block_input = BT * d * e;
-  const int64_t kept_linears = llama ? BT * (4 * d + 2 * kv + 2 * f) * e : BT * (6 * d + f) * e;
-  est.activation_per_layer = plain_layer;
-  // What each block keeps until its backward, and whether it is recomputed.
-  std::vector<int64_t> kept(static_cast<size_t>(L), plain_layer);
-  std::vector<bool> recomputed(static_cast<size_t>(L), false);
-  if (r.activation_budget > 0) {
-    // The planner fits the budget; bound each block by it evenly (the plan itself needs measurements).
-    const int64_t per_block = std::min(plain_layer, r.activation_budget / std::max<int64_t>(1, L));
-    for (int64_t i = 0; i < L; ++i) {
-      kept[static_cast<size_t>(i)] = per_block;
-      recomputed[static_cast<size_t>(i)] = per_block < plain_layer;
-    }
-  } else {
-    const checkpoint::CheckpointPolicy& policy = r.checkpointing;
-    for (int64_t i = 0; i < L; ++i) {
-      if (!policy.checkpoints(i)) continue;
-      kept[static_cast<size_t>(i)] = policy.kind == checkpoint::PolicyKind::selective ? block_input + kept_linears : block_input;
-      recomputed[static_cast<size_t>(i)] = true;
-    }
+  // The candidate peaks of a step; the estimate is the largest, with its categories.
+  std::vector<Moment> moments;
+  //  the loss's forward, on top of everything forward kept;
+  moments.push_back({"forward, in the loss", kept_all, a.loss_forward_temporary, 0});
+  //  the loss's backward: the logits' gradients (chunk by chunk when chunked) and the head's gradient;
+  moments.push_back({"backward, in the loss", kept_all, a.loss_backward_temporary, a.loss_weight_gradient});
+  //  each segment's backward (last first): what the blocks before it keep, its blocks' activations
+  //  all live (recomputed when checkpointed), its working set, and the gradients live by then
+  //  (standard: the head's and those of every later block; in backward: one node's).
+  const int64_t head_grad = c.vocab_size * c.dim * e;
+  int64_t later_grads = head_grad;
+  for (auto s = layout.segments.rbegin(); s != layout.segments.rend(); ++s) {
+    int64_t prefix = 0;
+    for (int64_t i = 0; i < s->begin; ++i) prefix += layout.kept[static_cast<size_t>(i)];
+    const int64_t live = (s->end - s->begin) * a.block_plain;
+    moments.push_back({"backward of block " + std::to_string(s->end - 1), prefix + live, a.block_backward_working_set,
+                       in_backward ? a.block_largest_matrix : later_grads});
+    later_grads += (s->end - s->begin) * a.block_params;
   }
-  // The head: the final norm keeps its input and (llama) 1/rms, the loss keeps the normed states,
-  // and the plain loss its fp32 log-softmax (B*T, V); the chunked loss one fp32 per token.
-  const int64_t head_kept = BT * (2 * d * e + (llama ? 4 : 8)) + (r.loss.chunked() ? BT * 4 : BT * V * 4);
-  int64_t A = head_kept;
-  for (int64_t k : kept) A += k;
-
-  // Gradients live together: all of them after a standard backward; in in-backward mode what one
-  // backward node hands over (a checkpointed block's parameters, else the largest layer).
-  const int64_t head_grad = V * d * e;
-  const int64_t largest_param = std::max({V * d, d * f, d * d}) * e;
-  const int64_t block_params = llama ? (2 * d + 2 * d * d + 2 * d * kv + 3 * d * f) * e : (12 * d * d + 13 * d) * e;
-  const bool any_recompute = std::find(recomputed.begin(), recomputed.end(), true) != recomputed.end();
-  const int64_t G_node = any_recompute ? std::max(block_params, head_grad) : largest_param;
-
-  // Candidate peaks (activations + temporaries + live gradients):
-  //  (a) the loss's backward at the start of backward: its gradient work on top of every kept tensor;
-  //  (b) a block's backward: everything kept before it, the block's full activations (recomputed
-  //      if checkpointed) and its backward working set, about half a block's activations.
-  const int64_t chunk = std::min(r.loss.chunk_size(), BT);
-  const int64_t loss_bwd = r.loss.chunked() ? 2 * chunk * V * 4 + V * d * 4 + BT * d * e : 2 * BT * V * 4 + BT * d * e;
-  const int64_t working_set = plain_layer / 2;
-  int64_t peak_act = A, peak_tmp = loss_bwd, peak_grad = r.in_backward() ? G_node : 0;
-  int64_t prefix = 0, grads_after = head_grad;  // standard mode: gradients of the head and later blocks
-  std::vector<int64_t> grads_after_block(static_cast<size_t>(L));
-  for (int64_t i = L - 1; i >= 0; --i) {
-    grads_after_block[static_cast<size_t>(i)] = grads_after;
-    grads_after += block_params;
+  //  the optimizer step after a standard backward: every gradient and one parameter-sized temporary.
+  if (!in_backward) {
+    const int64_t largest = *std::max_element(numels.begin(), numels.end()) * e;
+    moments.push_back({"optimizer step", 0, r.optimizer.algorithm() == optim::Algorithm::sgd ? 0 : largest, P});
   }
-  for (int64_t i = 0; i < L; ++i) {
-    const int64_t act = prefix + plain_layer;
-    const int64_t grad = r.in_backward() ? G_node : grads_after_block[static_cast<size_t>(i)];
-    if (act + working_set + grad > peak_act + peak_tmp + peak_grad) {
-      peak_act = prefix + kept[static_cast<size_t>(i)];
-      peak_tmp = plain_layer - kept[static_cast<size_t>(i)] + working_set;
-      peak_grad = grad;
-    }
-    prefix += kept[static_cast<size_t>(i)];
-  }
-  //  (c) the optimizer step after backward: every gradient and one parameter-sized temporary.
-  const int64_t opt_tmp = sgd ? 0 : largest_param;
+  const Moment peak = *std::max_element(moments.begin(), moments.end(),
+                                        [](const Moment& x, const Moment& y) { return x.total() < y.total(); });
+  est.peak_at = peak.what;
   auto& cat = est.by_category;
   cat[static_cast<int>(Category::parameter)] = P;
   cat[static_cast<int>(Category::optimizer_state)] = S;
   cat[static_cast<int>(Category::input)] = input;
-  if (!r.in_backward() && P + opt_tmp > peak_act + peak_tmp + peak_grad) {
-    cat[static_cast<int>(Category::gradient)] = P;
-    cat[static_cast<int>(Category::temporary)] = opt_tmp;
-  } else {
-    cat[static_cast<int>(Category::activation)] = peak_act;
-    cat[static_cast<int>(Category::temporary)] = peak_tmp;
-    cat[static_cast<int>(Category::gradient)] = peak_grad;
-  }
-  for (int64_t b : cat) est.peak_bytes += b;
+  cat[static_cast<int>(Category::other)] = tables;
+  cat[static_cast<int>(Category::activation)] = peak.activation;
+  cat[static_cast<int>(Category::temporary)] = peak.temporary;
+  cat[static_cast<int>(Category::gradient)] = peak.gradient;
+  for (int64_t b : cat) est.peak_bytes = checked_add(est.peak_bytes, b, "the peak");
   return est;
 }
 

@@ -28,5 +28,16 @@ struct ChunkedCrossEntropyOptions {
 at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                  const at::Tensor& targets, const ChunkedCrossEntropyOptions& options = {});
 
+// What chunked_cross_entropy allocates, in bytes, for N tokens of hidden size H over V classes with
+// `dtype` hidden states and weight (the estimate adds these up; tests check them against the tracker).
+struct ChunkedCrossEntropyBytes {
+  int64_t kept = 0;                 // for backward: one fp32 log-sum-exp, target and flag per token
+  int64_t forward_temporary = 0;    // at forward's peak: one chunk's fp32 logits and logsumexp's exp
+  int64_t backward_temporary = 0;   // at backward's peak: a chunk's softmax, the hidden-state gradient
+  int64_t weight_gradient = 0;      // the weight's gradient, built up in fp32 over the chunks
+};
+ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size,
+                                                     at::ScalarType dtype);
+
 }  // namespace loss
 }  // namespace frugal

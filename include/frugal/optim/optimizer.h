@@ -126,5 +126,13 @@ class Optimizer {
   std::shared_ptr<Impl> impl_;
 };
 
+// Bytes of state the optimizer keeps for one parameter of `numel` elements of `dtype`, as update.cpp
+// allocates it (with StateBuffer's block and small-tensor rules), and how many of them live in
+// mapped files (mmap placement).
+StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, const OptimizerOptions& options);
+// The code tables that quantized state shares (once per process and device), for parameters of
+// these sizes: 0 when none of them is quantized.
+int64_t shared_code_table_bytes(const std::vector<int64_t>& numels, const OptimizerOptions& options);
+
 }  // namespace optim
 }  // namespace frugal

@@ -21,6 +21,9 @@ namespace optim {
 
 // 2^bits values, sorted ascending, fp32: signed maps span [-1, 1] and hold 0; unsigned span [0, 1].
 at::Tensor dynamic_code_map(bool is_signed, int bits);
+// Bytes of the tables one (signedness, bits) code map shares across every buffer on a device: the
+// map, its midpoints, the 2^17-entry encode table and the midpoints with +inf (tagged 'other').
+int64_t code_table_bytes(int bits);
 
 class QuantizedBuffer {
  public:

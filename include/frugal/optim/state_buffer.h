@@ -48,6 +48,18 @@ struct StateOptions {
   TORCH_ARG(int64_t, chunk_elements) = 1 << 20;      // elements per step of the streamed update
 };
 
+// Values per quantization block (one fp32 absmax each): 256 for int8, 128 for int4, 1 otherwise.
+int64_t state_block_size(StatePrecision precision);
+// The precision a parameter of `numel` elements really gets (small tensors keep fp32 state).
+StatePrecision effective_precision(int64_t numel, const StateOptions& options);
+// Bytes one StateBuffer of `numel` values allocates (codes and scales, or the dense tensor), and
+// how many of them live in mapped files (mmap placement: codes or dense values; scales stay in memory).
+struct StateBufferBytes {
+  int64_t total = 0;
+  int64_t in_files = 0;
+};
+StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& options);
+
 class StateBuffer {
  public:
   // Zeros shaped like param.

@@ -1,10 +1,10 @@
 // frugal/train/estimate.h — a recipe's training memory, predicted without allocating the model.
 //
-// Per category: parameters, optimizer state, gradients (all of them in standard mode; one backward
-// node's worth in in-backward mode), activations kept for backward (per layer, from a count of the
-// tensors this implementation saves, under the recipe's checkpointing), inputs, and the
-// temporaries alive at the peak (the loss's and the optimizer's). The peak is the larger of the
-// start of backward and the optimizer step.
+// Adds up the byte formulas the layers publish next to the code that allocates the bytes
+// (optim::state_bytes_for_parameter, models::decoder_activation_bytes, loss's chunk sizes) at each
+// candidate moment of a step (the loss's forward and backward, each block's backward, the optimizer
+// step) and reports the largest, in the tracker's categories. Throws RecipeError when a size
+// passes 2^63.
 //
 //   auto est = frugal::train::estimate_training_memory(recipe, /*vocab_size=*/32000);
 //   auto plain = frugal::train::estimate_training_memory(frugal::train::without_techniques(recipe), 32000);
@@ -21,10 +21,13 @@ namespace frugal {
 namespace train {
 
 struct MemoryEstimate {
-  memory::CategoryBytes by_category{};  // at the estimated peak
+  memory::CategoryBytes by_category{};  // at the estimated peak, in the tracker's categories (category.h)
   int64_t peak_bytes = 0;
+  std::string peak_at;                  // the moment of the step it is at: "backward of block 7", ...
   int64_t n_params = 0;
   int64_t activation_per_layer = 0;     // one block's kept bytes without checkpointing
+  int64_t state_in_files_bytes = 0;     // of optimizer_state, in mapped files (mmap placement)
+  int64_t state_off_device_bytes = 0;   // optimizer state in host memory or files while training on a GPU
 };
 
 MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size);

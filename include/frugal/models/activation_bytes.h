@@ -1,0 +1,42 @@
+// frugal/models/activation_bytes.h — what a decoder keeps for backward and allocates around it,
+// in bytes, from its shape alone (no model is built).
+//
+// Counted from the tensors this implementation saves (decoder.cpp), so the training-memory estimate
+// (train/estimate.h) only adds these up; tests check them against the allocation tracker.
+//
+//   auto a = frugal::models::decoder_activation_bytes(cfg, /*batch=*/16, /*seq=*/128, at::kFloat, loss_options);
+//   int64_t kept = cfg.n_layers * a.block_plain + a.head_kept;   // no checkpointing
+//   auto numels = frugal::models::parameter_numels(cfg);          // one per parameter, in module order
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "frugal/models/decoder.h"
+
+namespace frugal {
+namespace models {
+
+struct DecoderActivationBytes {
+  int64_t block_plain = 0;       // one block run plainly: everything its backward reads
+  int64_t block_input = 0;       // a checkpointed block keeps only its input: (B, T, d)
+  int64_t block_selective = 0;   // selective checkpointing: its input and its matrix products
+  int64_t block_backward_working_set = 0;  // a block's backward temporaries at their peak
+  int64_t head_kept = 0;         // the final norm and the loss (plain: fp32 log-softmax of the logits)
+  int64_t loss_forward_temporary = 0;   // at the loss's forward peak
+  int64_t loss_backward_temporary = 0;  // at the loss's backward peak
+  int64_t loss_weight_gradient = 0;     // the head weight's gradient, made by the loss's backward
+  int64_t block_largest_matrix = 0;     // the largest weight of a block (one backward node's gradient)
+  int64_t block_params = 0;             // bytes of one block's parameters
+};
+
+DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& config, int64_t batch, int64_t seq,
+                                                at::ScalarType dtype, const LossOptions& loss);
+
+// The element count of each parameter, in the order make_decoder(config)->named_parameters() gives.
+std::vector<int64_t> parameter_numels(const DecoderConfig& config);
+
+}  // namespace models
+}  // namespace frugal

@@ -1,0 +1,74 @@
+#include "frugal/models/activation_bytes.h"
+
+#include <algorithm>
+
+#include "frugal/loss/chunked_cross_entropy.h"
+
+namespace frugal {
+namespace models {
+
+DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t batch, int64_t seq, at::ScalarType dtype,
+                                                const LossOptions& loss) {
+  const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t B = batch, T = seq, BT = B * T, d = c.dim, f = c.ffn_dim, H = c.n_heads, V = c.vocab_size;
+  const int64_t kv = c.n_kv_heads * c.head_dim();
+  const bool llama = c.arch == "llama";
+  DecoderActivationBytes a;
+  // Kept for backward by one block run plainly (the tensors decoder.cpp's blocks save):
+  //   llama: x, norm1 out, q, k, v (as attention reads them), merged heads, x1, norm2 out   8 x (B,T,d)
+  //          gate, silu(gate), up, silu*up                                               4 x (B,T,f)
+  //          two 1/rms (fp32, one per token each) and the (B,H,T,T) probabilities
+  //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean/rstd (fp32)
+  const int64_t probs = B * H * T * T * e;
+  a.block_plain = llama ? BT * ((8 * d + 4 * f) * e + 8) + probs : BT * ((8 * d + 2 * f) * e + 16) + probs;
+  a.block_input = BT * d * e;
+  // Selective keeps the input and every matrix product's output: q, k, v, o, gate, up, down (llama);
+  // qkv, proj, fc, fc-proj (gpt2).
+  a.block_selective = a.block_input + (llama ? BT * (4 * d + 2 * kv + 2 * f) * e : BT * (6 * d + f) * e);
+  // A block's backward holds about half a block's activations in gradients of its intermediates
+  // at its peak (measured on the shipped recipes: 0.50 of block_plain on the default recipe).
+  a.block_backward_working_set = a.block_plain / 2;
+  a.block_largest_matrix = std::max({d * f, d * d, d * kv}) * e;
+  a.block_params = (llama ? 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f : 12 * d * d + 13 * d) * e;
+  // The head: the final norm keeps its input (and llama's 1/rms), the loss the normed states.
+  a.head_kept = BT * (2 * d * e + (llama ? 4 : 8));
+  if (loss.chunked()) {
+    const auto l = loss::chunked_cross_entropy_bytes(BT, d, V, loss.chunk_size(), dtype);
+    a.head_kept += l.kept;
+    a.loss_forward_temporary = l.forward_temporary;
+    a.loss_backward_temporary = l.backward_temporary;
+    a.loss_weight_gradient = l.weight_gradient;
+  } else {
+    // Linear -> cross_entropy: the logits (B*T, V) are made in forward, log_softmax keeps its fp32
+    // output; backward makes the gradients of that output and of the logits.
+    a.head_kept += BT * V * 4;
+    a.loss_forward_temporary = BT * V * e;
+    a.loss_backward_temporary = 2 * BT * V * 4;
+    a.loss_weight_gradient = 0;  // made after the logits' gradients are freed: not live at the loss's peak
+  }
+  return a;
+}
+
+std::vector<int64_t> parameter_numels(const DecoderConfig& c) {
+  const int64_t d = c.dim, f = c.ffn_dim, kv = c.n_kv_heads * c.head_dim();
+  std::vector<int64_t> out;
+  if (c.arch == "gpt2") {
+    out = {c.vocab_size * d, c.max_seq_len * d};
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int64_t n : {d, d, 3 * d * d, 3 * d, d * d, d, d, d, d * f, f, f * d, d}) out.push_back(n);
+    }
+    out.push_back(d);
+    out.push_back(d);
+    return out;
+  }
+  out.push_back(c.vocab_size * d);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int64_t n : {d * d, d * kv, d * kv, d * d, d * f, d * f, f * d, d, d}) out.push_back(n);
+  }
+  out.push_back(d);
+  if (!c.tie_embeddings) out.push_back(c.vocab_size * d);
+  return out;
+}
+
+}  // namespace models
+}  // namespace frugal
