@@ -12,6 +12,7 @@
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/quantize.h"
 #include "frugal/train/trainer.h"
+#include "train_progress.h"
 
 namespace frugal {
 namespace cli {
@@ -78,8 +79,8 @@ int bench_optim_state(int argc, char** argv) {
       } catch (const train::RecipeError& e) {
         throw UsageError(e.what());
       }
-      auto log = [&](const std::string& line) { std::cerr << "frugal bench optim-state (" << optim::precision_name(precisions[i]) << "): " << line << "\n"; };
-      const auto result = train::run_training(r, train::TrainOptions().sample(false), log);
+      TrainProgress shown(std::string("frugal bench optim-state (") + optim::precision_name(precisions[i]) + "): ", /*bar=*/false);
+      const auto result = train::run_training(r, train::TrainOptions().sample(false).on_progress(shown.on_progress()), shown.log());
       // The final loss: the mean of the last 10% of the steps (one step is noisy).
       const size_t tail = std::max<size_t>(1, result.losses.size() / 10);
       double sum = 0;

@@ -12,6 +12,7 @@
 #include "frugal/io/units.h"
 #include "frugal/train/hardware.h"
 #include "frugal/train/trainer.h"
+#include "train_progress.h"
 
 namespace frugal {
 namespace cli {
@@ -45,12 +46,13 @@ int bench_train(int argc, char** argv) {
   }
   warn_if_slow_blas();
   const train::Recipe off = train::without_techniques(on);
-  auto log = [](const std::string& line) { std::cerr << "frugal bench train: " << line << "\n"; };
+  TrainProgress shown("frugal bench train: ", /*bar=*/false);
+  const train::LogFn log = shown.log();
   log("all techniques on: checkpointing " + on.checkpointing.name() + ", chunked loss " + (on.loss.chunked() ? "on" : "off") +
       ", optimizer " + (on.in_backward() ? "inside backward" : "after backward"));
-  const auto r_on = train::run_training(on, train::TrainOptions().sample(false), log);
+  const auto r_on = train::run_training(on, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
   log("all techniques off");
-  const auto r_off = train::run_training(off, train::TrainOptions().sample(false), log);
+  const auto r_off = train::run_training(off, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
   const double matmul = train::measure_matmul_gflops(1024, 0.5);
   const auto& c = on.model;
   const double flops_per_token = 6.0 * static_cast<double>(r_on.n_params) +

@@ -13,6 +13,7 @@
 #include "frugal/io/units.h"
 #include "frugal/memory/trace.h"
 #include "frugal/train/trainer.h"
+#include "train_progress.h"
 
 namespace frugal {
 namespace cli {
@@ -103,7 +104,6 @@ int run_train(int argc, char** argv) {
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }
-  auto log = [](const std::string& line) { std::cerr << "frugal train: " << line << "\n"; };
 
   if (dry_run) {
     int64_t vocab = recipe.model.vocab_size;
@@ -147,19 +147,26 @@ int run_train(int argc, char** argv) {
     }
   }
   const bool bar = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
+  TrainProgress shown("frugal train: ", bar);
   train::TrainResult result;
   try {
-    result = train::run_training(
-        recipe,
-        train::TrainOptions().resume(resume).progress_bar(bar).memory_limit(std::max<int64_t>(0, memory_limit)).keep_events(
-            !trace_out.empty()).capture_steps(capture),
-        log);
+    result = train::run_training(recipe,
+                                 train::TrainOptions()
+                                     .resume(resume)
+                                     .on_progress(shown.on_progress())
+                                     .memory_limit(std::max<int64_t>(0, memory_limit))
+                                     .keep_events(!trace_out.empty())
+                                     .capture_steps(capture),
+                                 shown.log());
   } catch (const train::RecipeError& e) {
+    shown.end_line();
     throw UsageError(e.what());
   } catch (const train::MemoryLimitExceeded& e) {
-    if (bar) std::cerr << "\n";
-    std::cerr << "frugal train: stopped: " << e.what() << "\n";
+    shown.message(std::string("stopped: ") + e.what());
     return 1;
+  } catch (...) {
+    shown.end_line();  // the error main() prints starts on a line of its own
+    throw;
   }
   std::ostringstream summary;
   char line[256];

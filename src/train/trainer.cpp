@@ -1,19 +1,18 @@
 #include "frugal/train/trainer.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <memory>
+#include <optional>
 
 #include "frugal/checkpoint/planner.h"
 #include "frugal/data/corpus.h"
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
-#include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/units.h"
 #include "frugal/memory/trace.h"
@@ -39,17 +38,6 @@ std::vector<optim::ParamGroup> param_groups(models::DecoderImpl& model) {
   return {decay, no_decay};
 }
 
-std::string format_duration(double s) {
-  char buf[32];
-  const int64_t t = static_cast<int64_t>(s);
-  if (t >= 3600) {
-    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(t / 3600), static_cast<long long>(t / 60 % 60));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
-  }
-  return buf;
-}
-
 // Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after).
 void truncate_metrics(const std::string& path, int64_t last_step) {
   std::ifstream in(path);
@@ -66,9 +54,45 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
   io::write_file_atomic(path, kept);
 }
 
+// out_dir/metrics.jsonl: one JSON object per line, each flushed as written (a killed run keeps
+// every line it wrote). Closed when destroyed, so every way out of the run closes it.
+class MetricsFile {
+ public:
+  // A fresh file for a run from step 0; a resumed run keeps the lines of steps <= first_step.
+  MetricsFile(const std::string& path, int64_t first_step) {
+    io::make_directories(io::parent_path(path));
+    if (first_step == 0) {
+      io::write_file_atomic(path, "");
+    } else {
+      truncate_metrics(path, first_step);
+    }
+    file_.reset(std::fopen(path.c_str(), "a"));
+    if (!file_) throw std::runtime_error("cannot open " + path);
+  }
+
+  void step(int64_t step, double loss, double lr, double tokens_per_s, int64_t live_bytes, int64_t peak_bytes) {
+    std::fprintf(file_.get(),
+                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f, \"live_bytes\": %lld, \"peak_bytes\": %lld}\n",
+                 static_cast<long long>(step), loss, lr, tokens_per_s, static_cast<long long>(live_bytes),
+                 static_cast<long long>(peak_bytes));
+    std::fflush(file_.get());
+  }
+
+  void validation(int64_t step, double val_loss) {
+    std::fprintf(file_.get(), "{\"step\": %lld, \"val_loss\": %.6f}\n", static_cast<long long>(step), val_loss);
+    std::fflush(file_.get());
+  }
+
+ private:
+  struct Close {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, Close> file_;
+};
+
 }  // namespace
 
-PreparedData prepare_data(const Recipe& r, const std::function<void(const std::string&)>& log) {
+PreparedData prepare_data(const Recipe& r, const LogFn& log) {
   PreparedData p;
   p.tokenizer_path = r.tokenizer;
   p.tokens_path = r.tokens;
@@ -155,215 +179,280 @@ std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tok
   return prompt + tok.decode(out);
 }
 
-TrainResult run_training(const Recipe& r, const TrainOptions& options, const std::function<void(const std::string&)>& log) {
-  TrainResult result;
-  const PreparedData data = prepare_data(r, log);
-  const data::Tokenizer tok = data::Tokenizer::load(data.tokenizer_path);
-  data::TokenDataset dataset(data.tokens_path, r.val_fraction);
-  if (dataset.vocab_size() != data.vocab_size) throw RecipeError(data.tokens_path + " does not match the tokenizer");
+namespace {
 
-  models::DecoderConfig cfg = r.model;
-  cfg.vocab_size = data.vocab_size;
-  const c10::Device device = r.device;
-  result.estimate = estimate_training_memory(r, cfg.vocab_size);
-  result.estimate_plain = estimate_training_memory(without_techniques(r), cfg.vocab_size);
+// The job's stages, in the order run_training calls them. Members are declared so that the model,
+// optimizer and metrics file go before the tracking guard (their frees are tracked too).
+class Trainer {
+ public:
+  Trainer(const Recipe& recipe, const TrainOptions& options, const LogFn& log)
+      : r_(recipe), options_(options), log_(log) {}
 
-  // The tracker keeps counters only, so a long run costs no memory for its timeline.
-  auto tracker = memory::Tracker::create(options.keep_events());
-  result.tracker = tracker;
-  tracker->set_capture_steps(options.capture_steps());
-  if (options.memory_limit() > 0) tracker->set_limit(options.memory_limit());
-  // Stops the run (a safe point: between phases) once the limit was crossed or an allocation failed.
-  auto check_limit = [&]() {
-    const auto report = tracker->limit_report();
-    if (report.exceeded) {
-      throw MemoryLimitExceeded(explain_memory_limit(r, cfg.vocab_size, report, options.memory_limit()));
-    }
-  };
-  memory::TrackingGuard tracking(tracker);
-
-  torch::manual_seed(static_cast<uint64_t>(r.seed));
-  models::Decoder model;
-  {
-    memory::CategoryScope scope(memory::Category::parameter);
-    model = models::make_decoder(cfg);
-    if (!r.init_from.empty()) {
-      const auto file_cfg = models::read_hf_config(r.init_from + "/config.json");
-      if (file_cfg.param_count() != cfg.param_count()) {
-        throw RecipeError("model.init_from " + r.init_from + " holds a model of another shape than the recipe's");
-      }
-      models::load_hf_weights(*model, r.init_from);
-    }
-    model->to(device, r.dtype);
+  // The tokenizer and token file (made when missing), the dataset, the model config with the
+  // tokenizer's vocabulary, and the memory estimates for this recipe and with techniques off.
+  void setup_data() {
+    data_ = prepare_data(r_, log_);
+    tokenizer_.emplace(data::Tokenizer::load(data_.tokenizer_path));
+    dataset_.emplace(data_.tokens_path, r_.val_fraction);
+    if (dataset_->vocab_size() != data_.vocab_size) throw RecipeError(data_.tokens_path + " does not match the tokenizer");
+    cfg_ = r_.model;
+    cfg_.vocab_size = data_.vocab_size;
+    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size);
+    result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size);
   }
-  result.n_params = cfg.param_count();
-  const models::LossOptions& loss_options = r.loss;
 
-  optim::Optimizer opt(param_groups(*model), r.optimizer);
-  optim::LRScheduler sched(opt, optim::ScheduleOptions(r.schedule).total_steps(r.steps));
+  // Every allocation from here on is tracked. The tracker keeps counters only (unless the options
+  // ask for events), so a long run costs no memory for its timeline.
+  void track_memory() {
+    tracker_ = memory::Tracker::create(options_.keep_events());
+    result_.tracker = tracker_;
+    tracker_->set_capture_steps(options_.capture_steps());
+    if (options_.memory_limit() > 0) tracker_->set_limit(options_.memory_limit());
+    tracking_ = std::make_unique<memory::TrackingGuard>(tracker_);
+  }
 
-  auto batch = [&](int64_t step) {
-    memory::CategoryScope scope(memory::Category::input);
-    auto b = dataset.train_batch(step, r.batch_size, r.seq_len, static_cast<uint64_t>(r.seed));
-    return std::make_pair(b.first.to(device), b.second.to(device));
-  };
+  // The model (seeded, or loaded from init_from) in the recipe's dtype on its device, the
+  // optimizer and the learning-rate schedule.
+  void build_model() {
+    torch::manual_seed(static_cast<uint64_t>(r_.seed));
+    {
+      memory::CategoryScope scope(memory::Category::parameter);
+      model_ = models::make_decoder(cfg_);
+      if (!r_.init_from.empty()) {
+        const auto file_cfg = models::read_hf_config(r_.init_from + "/config.json");
+        if (file_cfg.param_count() != cfg_.param_count()) {
+          throw RecipeError("model.init_from " + r_.init_from + " holds a model of another shape than the recipe's");
+        }
+        models::load_hf_weights(*model_, r_.init_from);
+      }
+      model_->to(r_.device, r_.dtype);
+    }
+    result_.n_params = cfg_.param_count();
+    optimizer_ = std::make_unique<optim::Optimizer>(param_groups(*model_), r_.optimizer);
+    schedule_ = std::make_unique<optim::LRScheduler>(*optimizer_, optim::ScheduleOptions(r_.schedule).total_steps(r_.steps));
+  }
 
-  // Memory techniques: an activation budget (planned on measured blocks) or a policy.
-  if (r.activation_budget > 0) {
+  // An activation budget (planned on measured blocks) or the recipe's checkpointing policy.
+  void apply_memory_techniques() {
+    if (r_.activation_budget <= 0) {
+      model_->set_checkpointing(r_.checkpointing);
+      return;
+    }
     const auto [tokens, targets] = batch(0);
-    const auto chain = model->chain();
     at::Tensor embedded;
     {
       at::NoGradGuard no_grad;
-      embedded = model->embed(tokens);  // the chain's input
+      embedded = model_->embed(tokens);  // the chain's input: (B, T, dim)
     }
-    const auto costs = checkpoint::measure_chain(chain, embedded.requires_grad_(), 1);
-    const auto plan = checkpoint::plan_for_budget(costs, r.activation_budget);
+    const auto costs = checkpoint::measure_chain(model_->chain(), embedded.requires_grad_(), 1);
+    const auto plan = checkpoint::plan_for_budget(costs, r_.activation_budget);
     if (!plan) {
-      throw RecipeError("memory.activation_budget " + std::to_string(r.activation_budget) +
+      throw RecipeError("memory.activation_budget " + std::to_string(r_.activation_budget) +
                         " cannot be met: the smallest achievable activation peak is " +
                         std::to_string(checkpoint::min_achievable_bytes(costs)) + " bytes");
     }
-    model->set_plan(*plan);
-    log("activation plan for " + io::human_bytes(r.activation_budget) + ": " + plan->describe() + " (predicted " +
-        io::human_bytes(plan->predicted_bytes) + ")");
-  } else {
-    model->set_checkpointing(r.checkpointing);
+    model_->set_plan(*plan);
+    log_("activation plan for " + io::human_bytes(r_.activation_budget) + ": " + plan->describe() + " (predicted " +
+         io::human_bytes(plan->predicted_bytes) + ")");
   }
 
-  // Resume.
-  int64_t start = 0;
-  const std::string metrics_path = r.out_dir + "/metrics.jsonl";
-  io::make_directories(io::parent_path(metrics_path));
-  if (options.resume()) {
-    const std::string latest = latest_checkpoint(r.out_dir);
-    if (!latest.empty()) {
-      const RunState s = load_run_state(latest, *model, opt);
-      start = s.step;
-      sched.set_last_step(s.schedule_step);
-      rng_state_from_hex(s.rng_state_hex);
-      log("resumed from " + latest + " at step " + std::to_string(start));
-    } else {
-      log("nothing to resume in " + r.out_dir + ": starting from step 0");
+  // With options.resume: weights, optimizer state, schedule step and CPU RNG from the latest
+  // checkpoint, so the run continues the uninterrupted trajectory bit for bit.
+  void resume() {
+    if (options_.resume()) {
+      const std::string latest = latest_checkpoint(r_.out_dir);
+      if (!latest.empty()) {
+        const RunState s = load_run_state(latest, *model_, *optimizer_);
+        start_ = s.step;
+        schedule_->set_last_step(s.schedule_step);
+        rng_state_from_hex(s.rng_state_hex);
+        log_("resumed from " + latest + " at step " + std::to_string(start_));
+      } else {
+        log_("nothing to resume in " + r_.out_dir + ": starting from step 0");
+      }
     }
+    stop_ = options_.stop_after() >= 0 ? std::min(options_.stop_after(), r_.steps) : r_.steps;
+    result_.first_step = start_;
   }
-  if (start == 0) {
-    io::write_file_atomic(metrics_path, "");
-  } else {
-    truncate_metrics(metrics_path, start);
+
+  // Opens the metrics file where the run (re)starts and starts the throughput clock.
+  void start_metrics() {
+    metrics_ = std::make_unique<MetricsFile>(r_.out_dir + "/metrics.jsonl", start_);
+    recipe_yaml_ = recipe_to_yaml(r_);
+    t_start_ = t_log_ = Clock::now();
   }
-  std::FILE* metrics = std::fopen(metrics_path.c_str(), "a");
-  if (!metrics) throw std::runtime_error("cannot open " + metrics_path);
-  result.first_step = start;
-  const std::string recipe_yaml = recipe_to_yaml(r);
 
-  auto evaluate = [&]() {
-    at::NoGradGuard no_grad;
-    double total = 0;
-    for (int64_t i = 0; i < r.eval_batches; ++i) {
-      memory::CategoryScope scope(memory::Category::input);
-      const auto [x, y] = dataset.val_batch(i, r.batch_size, r.seq_len);
-      total += model->loss(x.to(device), y.to(device), loss_options).item<double>();
-    }
-    return total / static_cast<double>(r.eval_batches);
-  };
-  auto checkpoint_now = [&](int64_t step, double loss) {
-    RunState s;
-    s.step = step;
-    s.schedule_step = sched.last_step();
-    s.rng_state_hex = rng_state_to_hex();
-    s.last_loss = loss;
-    result.checkpoint = save_run_state(r.out_dir, s, *model, opt, recipe_yaml, data.tokenizer_path, r.keep_checkpoints);
-  };
+  int64_t first_step() const { return start_; }
+  int64_t stop_step() const { return stop_; }  // one past the last step to run
 
-  const auto t_start = Clock::now();
-  auto t_log = Clock::now();
-  int64_t tokens_since_log = 0;
-  double loss_value = 0;
-  const int64_t stop = options.stop_after() >= 0 ? std::min(options.stop_after(), r.steps) : r.steps;
-  for (int64_t step = start; step < stop; ++step) {
+  // Forward, backward and the optimizer step on the step's batch; returns the loss.
+  double train_step(int64_t step) {
     memory::mark_step(step);
     const auto [x, y] = batch(step);
     at::Tensor loss;
     try {
       {
         memory::PhaseScope fw(memory::Phase::forward);
-        loss = model->loss(x, y, loss_options);
+        loss = model_->loss(x, y, r_.loss);
       }
-      check_limit();
+      check_memory_limit();
       {
         memory::PhaseScope bw(memory::Phase::backward);
-        opt.backward(loss);
+        optimizer_->backward(loss);
       }
-      check_limit();
+      check_memory_limit();
       {
         memory::PhaseScope op(memory::Phase::optimizer);
-        opt.step();
+        optimizer_->step();
       }
-      check_limit();
-    } catch (const c10::Error& e) {
-      // The allocator ran out: it told the tracker what was asked for; explain with that.
-      check_limit();
+      check_memory_limit();
+    } catch (const c10::Error&) {
+      check_memory_limit();  // the allocator ran out: it told the tracker what was asked for; explain with that
       throw;
     }
-    opt.zero_grad();
-    sched.step();
-    loss_value = loss.item<double>();
+    optimizer_->zero_grad();
+    schedule_->step();
+    const double value = loss.item<double>();
     loss.reset();
-    if (!std::isfinite(loss_value)) throw std::runtime_error("the loss became " + std::to_string(loss_value) + " at step " + std::to_string(step));
-    result.losses.push_back(loss_value);
-    tokens_since_log += r.batch_size * r.seq_len;
+    if (!std::isfinite(value)) throw std::runtime_error("the loss became " + std::to_string(value) + " at step " + std::to_string(step));
+    result_.losses.push_back(value);
+    return value;
+  }
 
-    const int64_t done = step + 1;
-    const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-    const double rate = static_cast<double>((done - start) * r.batch_size * r.seq_len) / std::max(elapsed, 1e-9);
-    std::fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f, \"live_bytes\": %lld, \"peak_bytes\": %lld}\n",
-                 static_cast<long long>(done), loss_value, opt.lr(), rate, static_cast<long long>(tracker->live_bytes()),
-                 static_cast<long long>(tracker->peak_bytes()));
-    std::fflush(metrics);
-    const double eta = elapsed / static_cast<double>(done - start) * static_cast<double>(r.steps - done);
-    if (options.progress_bar()) {
-      const int width = 24;
-      const int filled = static_cast<int>(width * done / r.steps);
-      std::fprintf(stderr, "\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  mem %s (peak %s)  ETA %s   ",
-                   std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(width - filled), '.').c_str(),
-                   static_cast<long long>(done), static_cast<long long>(r.steps), loss_value, rate,
-                   io::human_bytes(tracker->live_bytes()).c_str(), io::human_bytes(tracker->peak_bytes()).c_str(),
-                   format_duration(eta).c_str());
-      if (done == r.steps) std::fprintf(stderr, "\n");
-    } else if (done % r.log_interval == 0 || done == r.steps) {
-      const double since = std::chrono::duration<double>(Clock::now() - t_log).count();
-      char line[256];
-      std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.4f  lr %.3g  %.0f tok/s  mem %s (peak %s)  ETA %s",
-                    static_cast<long long>(done), static_cast<long long>(r.steps), loss_value, opt.lr(),
-                    static_cast<double>(tokens_since_log) / std::max(since, 1e-9), io::human_bytes(tracker->live_bytes()).c_str(),
-                    io::human_bytes(tracker->peak_bytes()).c_str(), format_duration(eta).c_str());
-      log(line);
-      t_log = Clock::now();
-      tokens_since_log = 0;
+  // The step's metrics line and progress report (`done` steps are done).
+  void report_step(int64_t done, double loss) {
+    const int64_t tokens = r_.batch_size * r_.seq_len;
+    tokens_since_log_ += tokens;
+    const auto now = Clock::now();
+    const double elapsed = std::chrono::duration<double>(now - t_start_).count();
+    StepProgress p;
+    p.step = done;
+    p.total_steps = r_.steps;
+    p.loss = loss;
+    p.lr = optimizer_->lr();
+    p.tokens_per_s = static_cast<double>((done - start_) * tokens) / std::max(elapsed, 1e-9);
+    p.live_bytes = tracker_->live_bytes();
+    p.peak_bytes = tracker_->peak_bytes();
+    p.eta_s = elapsed / static_cast<double>(done - start_) * static_cast<double>(r_.steps - done);
+    p.at_log_interval = done % r_.log_interval == 0 || done == r_.steps;
+    p.interval_tokens_per_s = static_cast<double>(tokens_since_log_) /
+                              std::max(std::chrono::duration<double>(now - t_log_).count(), 1e-9);
+    if (p.at_log_interval) {
+      t_log_ = now;
+      tokens_since_log_ = 0;
     }
-    if (r.eval_interval > 0 && done % r.eval_interval == 0 && done != r.steps) {
-      const double v = evaluate();
-      std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", static_cast<long long>(done), v);
-      std::fflush(metrics);
-      char line[96];
-      std::snprintf(line, sizeof(line), "step %lld  validation loss %.4f", static_cast<long long>(done), v);
-      if (options.progress_bar()) std::fprintf(stderr, "\n");
-      log(line);
+    metrics_->step(done, loss, p.lr, p.tokens_per_s, p.live_bytes, p.peak_bytes);
+    if (options_.on_progress()) options_.on_progress()(p);
+  }
+
+  // Every train.eval_interval steps (except the last: finish() evaluates then).
+  void evaluate_if_due(int64_t done) {
+    if (r_.eval_interval <= 0 || done % r_.eval_interval != 0 || done == r_.steps) return;
+    const double v = evaluate();
+    metrics_->validation(done, v);
+    char line[96];
+    std::snprintf(line, sizeof(line), "step %lld  validation loss %.4f", static_cast<long long>(done), v);
+    log_(line);
+  }
+
+  // Every train.checkpoint_interval steps, and at the stop.
+  void checkpoint_if_due(int64_t done, double loss) {
+    if (!((r_.checkpoint_interval > 0 && done % r_.checkpoint_interval == 0) || done == stop_)) return;
+    RunState s;
+    s.step = done;
+    s.schedule_step = schedule_->last_step();
+    s.rng_state_hex = rng_state_to_hex();
+    s.last_loss = loss;
+    result_.checkpoint = save_run_state(r_.out_dir, s, *model_, *optimizer_, recipe_yaml_, data_.tokenizer_path, r_.keep_checkpoints);
+  }
+
+  // Throughput, the measured peak, the final validation loss, and a sample.
+  TrainResult finish() {
+    result_.last_step = std::max(start_, stop_);
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t_start_).count();
+    result_.tokens_per_s = static_cast<double>((result_.last_step - start_) * r_.batch_size * r_.seq_len) / std::max(elapsed, 1e-9);
+    result_.peak = peak_memory_after_training();
+    result_.val_loss = evaluate();
+    metrics_->validation(result_.last_step, result_.val_loss);
+    metrics_.reset();
+    if (options_.sample() && r_.sample_tokens > 0) {
+      result_.sample = generate_text(*model_, *tokenizer_, r_.sample_prompt, r_.sample_tokens, 0.8, 40, static_cast<uint64_t>(r_.seed));
     }
-    if ((r.checkpoint_interval > 0 && done % r.checkpoint_interval == 0) || done == stop) checkpoint_now(done, loss_value);
+    return std::move(result_);
   }
-  result.last_step = std::max(start, stop);
-  const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-  result.tokens_per_s = static_cast<double>((result.last_step - start) * r.batch_size * r.seq_len) / std::max(elapsed, 1e-9);
-  result.peak = memory::peak_over_steps(tracker->step_summaries(), start);  // every step this run took
-  result.val_loss = evaluate();
-  std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", static_cast<long long>(result.last_step), result.val_loss);
-  std::fclose(metrics);
-  if (options.sample() && r.sample_tokens > 0) {
-    result.sample = generate_text(*model, tok, r.sample_prompt, r.sample_tokens, 0.8, 40, static_cast<uint64_t>(r.seed));
+
+ private:
+  // ---- Peak memory: the one place the run's peak is measured ----
+  // Over every step run here, from the tracker's step summaries: what the terminal, --json-out and
+  // the trace's HTML page all report (memory::peak_over_steps; covers_* say which steps).
+  memory::PeakReport peak_memory_after_training() const {
+    return memory::peak_over_steps(tracker_->step_summaries(), start_);
   }
-  return result;
+
+  // Stops the run (a safe point: between phases) once the limit was crossed or an allocation failed.
+  void check_memory_limit() const {
+    const auto report = tracker_->limit_report();
+    if (report.exceeded) {
+      throw MemoryLimitExceeded(explain_memory_limit(r_, cfg_.vocab_size, report, options_.memory_limit()));
+    }
+  }
+
+  // inputs, targets: (B, T) int64 on the device; the window positions depend on (seed, step) only.
+  std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
+    memory::CategoryScope scope(memory::Category::input);
+    auto b = dataset_->train_batch(step, r_.batch_size, r_.seq_len, static_cast<uint64_t>(r_.seed));
+    return std::make_pair(b.first.to(r_.device), b.second.to(r_.device));
+  }
+
+  // The mean loss over train.eval_batches validation batches.
+  double evaluate() {
+    at::NoGradGuard no_grad;
+    double total = 0;
+    for (int64_t i = 0; i < r_.eval_batches; ++i) {
+      memory::CategoryScope scope(memory::Category::input);
+      const auto [x, y] = dataset_->val_batch(i, r_.batch_size, r_.seq_len);
+      total += model_->loss(x.to(r_.device), y.to(r_.device), r_.loss).item<double>();
+    }
+    return total / static_cast<double>(r_.eval_batches);
+  }
+
+  const Recipe& r_;
+  const TrainOptions& options_;
+  const LogFn& log_;
+  TrainResult result_;
+  PreparedData data_;
+  std::optional<data::Tokenizer> tokenizer_;
+  std::optional<data::TokenDataset> dataset_;
+  models::DecoderConfig cfg_;
+  std::shared_ptr<memory::Tracker> tracker_;
+  std::unique_ptr<memory::TrackingGuard> tracking_;
+  models::Decoder model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LRScheduler> schedule_;
+  std::unique_ptr<MetricsFile> metrics_;
+  std::string recipe_yaml_;
+  int64_t start_ = 0, stop_ = 0;
+  Clock::time_point t_start_, t_log_;
+  int64_t tokens_since_log_ = 0;
+};
+
+}  // namespace
+
+TrainResult run_training(const Recipe& recipe, const TrainOptions& options, const LogFn& log) {
+  Trainer job(recipe, options, log);
+  job.setup_data();
+  job.track_memory();
+  job.build_model();
+  job.apply_memory_techniques();
+  job.resume();
+  job.start_metrics();
+  for (int64_t step = job.first_step(); step < job.stop_step(); ++step) {
+    const double loss = job.train_step(step);
+    job.report_step(step + 1, loss);
+    job.evaluate_if_due(step + 1);
+    job.checkpoint_if_due(step + 1, loss);
+  }
+  return job.finish();
 }
 
 }  // namespace train

@@ -2,7 +2,9 @@
 // the uninterrupted trajectory (in either optimizer mode), the memory estimate is within 10% of
 // the measured peak, and generation runs.
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/run_state.h"
@@ -23,6 +25,21 @@ train::Recipe tiny(const std::string& run, std::vector<std::string> overrides = 
 }
 
 void quiet(const std::string&) {}
+
+// How many of this process's open file descriptors refer to path.
+int open_descriptors_of(const std::string& path) {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return -1;
+  while (const dirent* e = ::readdir(dir)) {
+    char target[4096];
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t len = ::readlink(link.c_str(), target, sizeof(target) - 1);
+    if (len > 0 && std::string(target, static_cast<size_t>(len)) == path) ++n;
+  }
+  ::closedir(dir);
+  return n;
+}
 
 }  // namespace
 
@@ -103,4 +120,36 @@ TEST(Trainer, CheckpointsHoldAWorkingModelAndTokenizer) {
   const std::string text = train::generate_text(*model, tok, "Hello", 5, 0.0, 0, 0);
   EXPECT_EQ(text.rfind("Hello", 0), 0u);
   EXPECT_THROW(train::run_training(tiny("bad", {"model.vocab_size=999"}), train::TrainOptions(), quiet), train::RecipeError);
+}
+
+TEST(Trainer, ReportsEveryStepThroughTheCallbackAndPrintsNothing) {
+  const auto recipe = tiny("progress", {"train.steps=6", "train.log_interval=4", "schedule.warmup_steps=1",
+                                        "train.checkpoint_interval=0", "train.eval_interval=0"});
+  std::vector<train::StepProgress> seen;
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  const auto r = train::run_training(
+      recipe, train::TrainOptions().sample(false).on_progress([&](const train::StepProgress& p) { seen.push_back(p); }), quiet);
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_EQ(seen.size(), 6u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].step, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(seen[i].total_steps, 6);
+    EXPECT_EQ(seen[i].loss, r.losses[i]);
+    EXPECT_GT(seen[i].tokens_per_s, 0);
+    EXPECT_GT(seen[i].live_bytes, 0);
+    EXPECT_GE(seen[i].peak_bytes, seen[i].live_bytes);
+    EXPECT_EQ(seen[i].at_log_interval, i == 3 || i == 5) << i;
+  }
+}
+
+TEST(Trainer, MetricsFileIsClosedWhenTheRunStopsOnAMemoryLimit) {
+  const auto recipe = tiny("limit", {"train.steps=4", "schedule.warmup_steps=1"});
+  EXPECT_THROW(train::run_training(recipe, train::TrainOptions().sample(false).memory_limit(1 << 20), quiet),
+               train::MemoryLimitExceeded);
+  const std::string metrics = recipe.out_dir + "/metrics.jsonl";
+  struct stat st {};
+  ASSERT_EQ(::stat(metrics.c_str(), &st), 0);
+  EXPECT_EQ(open_descriptors_of(metrics), 0);
 }

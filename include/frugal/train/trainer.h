@@ -1,12 +1,16 @@
-// frugal/train/trainer.h — the training loop behind `frugal train`.
+// frugal/train/trainer.h — the training job behind `frugal train`, as named stages.
 //
-// Prepares the data (trains the tokenizer and tokenizes the corpus when their files are missing),
-// builds the model (or loads init_from), applies the recipe's memory techniques, trains with
-// progress output and metrics (out_dir/metrics.jsonl), evaluates, checkpoints (run_state.h),
-// resumes exactly, and reports peak memory per category against the estimate.
+// run_training reads top to bottom: set up the data (trains the tokenizer and tokenizes the corpus
+// when their files are missing), track memory, build the model (or load init_from) and optimizer,
+// apply the recipe's memory techniques, resume exactly, then per step train, report, evaluate and
+// checkpoint (run_state.h), and finish (peak memory per category against the estimate, a sample).
+// The library prints nothing: messages go to `log`, and every step's progress to
+// TrainOptions::on_progress (the CLI draws a bar or plain lines from it). Metrics are appended to
+// out_dir/metrics.jsonl.
 //
 //   auto recipe = frugal::train::load_recipe("recipes/tiny.yaml");
-//   auto result = frugal::train::run_training(recipe, frugal::train::TrainOptions().resume(true));
+//   auto show = [](const frugal::train::StepProgress& p) { std::printf("step %lld loss %.3f\n", (long long)p.step, p.loss); };
+//   auto result = frugal::train::run_training(recipe, frugal::train::TrainOptions().resume(true).on_progress(show), log);
 #pragma once
 
 #include <torch/arg.h>
@@ -23,9 +27,26 @@
 namespace frugal {
 namespace train {
 
+// Where the run stands after a step, for a progress display.
+struct StepProgress {
+  int64_t step = 0;                   // steps done (the step just run, counted from 1)
+  int64_t total_steps = 0;            // train.steps
+  double loss = 0;                    // of the step just run
+  double lr = 0;                      // the learning rate now (the next step's)
+  double tokens_per_s = 0;            // since this run started (or resumed)
+  double interval_tokens_per_s = 0;   // since the previous step at the log interval
+  int64_t live_bytes = 0;             // tracked memory now
+  int64_t peak_bytes = 0;             // the tracker's peak so far
+  double eta_s = 0;                   // to total_steps, at tokens_per_s
+  bool at_log_interval = false;       // step is a multiple of train.log_interval, or the last
+};
+
+using LogFn = std::function<void(const std::string&)>;
+using ProgressFn = std::function<void(const StepProgress&)>;
+
 struct TrainOptions {
   TORCH_ARG(bool, resume) = false;        // continue from out_dir/latest when it exists
-  TORCH_ARG(bool, progress_bar) = false;  // redraw one line (a terminal); else plain lines
+  TORCH_ARG(ProgressFn, on_progress) = nullptr;  // called after every step; null: no progress
   TORCH_ARG(bool, sample) = true;         // generate from train.sample_prompt at the end
   TORCH_ARG(int64_t, stop_after) = -1;    // stop (with a checkpoint) once this step is done; -1: train.steps
   TORCH_ARG(bool, keep_events) = false;   // keep the allocation timeline (exact categories; memory grows with the run)
@@ -61,10 +82,11 @@ struct PreparedData {
 };
 
 // Makes the tokenizer and the token file when missing; `log` gets progress lines.
-PreparedData prepare_data(const Recipe& recipe, const std::function<void(const std::string&)>& log);
+PreparedData prepare_data(const Recipe& recipe, const LogFn& log);
 
-TrainResult run_training(const Recipe& recipe, const TrainOptions& options,
-                         const std::function<void(const std::string&)>& log);
+// Trains as the recipe says. Throws RecipeError (a mistake in the recipe or its files),
+// MemoryLimitExceeded, or std::runtime_error; the metrics file is closed on every path.
+TrainResult run_training(const Recipe& recipe, const TrainOptions& options, const LogFn& log);
 
 // Samples n_tokens after the prompt (temperature 0: greedy; top_k 0: the whole vocabulary).
 std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tokenizer, const std::string& prompt,
