@@ -64,6 +64,7 @@ struct Optimizer::Impl {
     uintptr_t key;
   };
   std::vector<Hook> hooks;
+  std::vector<std::shared_ptr<const void>> code_tables;  // quantized state's shared tables, built up front
   Pass pass = Pass::step;
   bool norm_ready = false;
   at::Tensor norm_sq;       // sum of squared gradient norms in the measuring pass (double)
@@ -196,6 +197,20 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
       if (seen[group.names[i]]++) throw std::invalid_argument("optimizer: parameter '" + group.names[i] + "' appears twice");
       if (!group.params[i].requires_grad()) continue;  // frozen: nothing to optimize
       impl_->params.push_back({group.names[i], group.params[i], g, {}});
+    }
+  }
+  // Quantized state shares code tables per device: build them now rather than in the first step.
+  const StatePrecision precision = options.state().precision();
+  if (options.algorithm() != Algorithm::sgd && (precision == StatePrecision::int8 || precision == StatePrecision::int4)) {
+    std::vector<std::string> devices;
+    for (const auto& p : impl_->params) {
+      if (effective_precision(p.tensor.numel(), options.state()) != precision) continue;
+      const at::Device d = options.state().placement() == StatePlacement::device ? p.tensor.device() : at::Device(at::kCPU);
+      if (std::find(devices.begin(), devices.end(), d.str()) != devices.end()) continue;
+      devices.push_back(d.str());
+      for (bool is_signed : {true, false}) {
+        impl_->code_tables.push_back(retain_code_tables(is_signed, precision == StatePrecision::int8 ? 8 : 4, d));
+      }
     }
   }
   // Both modes hook each parameter's AccumulateGrad node: standard mode only to tag the gradient

@@ -76,12 +76,17 @@ struct SharedMap {
   at::Tensor map, boundaries, lut, lut_boundaries;
 };
 
-SharedMap shared_map(bool is_signed, int bits, at::Device device) {
+// Shared while some buffer (or an optimizer's retain_code_tables) holds them; freed with the last,
+// so every run counts its own tables.
+std::shared_ptr<const SharedMap> shared_map(bool is_signed, int bits, at::Device device) {
   static std::mutex mutex;
-  static std::map<std::tuple<bool, int, std::string>, SharedMap> cache;
+  static std::map<std::tuple<bool, int, std::string>, std::weak_ptr<const SharedMap>> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto& entry = cache[std::make_tuple(is_signed, bits, device.str())];
-  if (!entry.map.defined()) {
+  auto& slot = cache[std::make_tuple(is_signed, bits, device.str())];
+  if (auto alive = slot.lock()) return alive;
+  auto made = std::make_shared<SharedMap>();
+  SharedMap& entry = *made;
+  {
     const at::Tensor map = dynamic_code_map(is_signed, bits);
     const at::Tensor boundaries = ((map.narrow(0, 1, map.size(0) - 1) + map.narrow(0, 0, map.size(0) - 1)) / 2).contiguous();
     // The code of the lowest value of every cell of fp32 values sharing their top 17 bits (sign,
@@ -105,20 +110,27 @@ SharedMap shared_map(bool is_signed, int bits, at::Device device) {
       memory::tag(*t, memory::Category::other);
     }
   }
-  return entry;
+  slot = made;
+  return made;
 }
 
 }  // namespace
+
+std::shared_ptr<const void> retain_code_tables(bool is_signed, int bits, at::Device device) {
+  TORCH_CHECK(bits == 8 || bits == 4, "retain_code_tables: bits must be 8 or 4");
+  return shared_map(is_signed, bits, device);
+}
 
 QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is_signed, at::Device device)
     : numel_(numel), block_(block), bits_(bits), signed_(is_signed) {
   TORCH_CHECK(bits == 8 || bits == 4, "QuantizedBuffer: bits must be 8 or 4");
   TORCH_CHECK(block > 0 && block % 2 == 0, "QuantizedBuffer: block must be a positive even number");
-  const SharedMap shared = shared_map(is_signed, bits, device);
-  map_ = shared.map;
-  boundaries_ = shared.boundaries;
-  lut_ = shared.lut;
-  lut_boundaries_ = shared.lut_boundaries;
+  const auto shared = shared_map(is_signed, bits, device);
+  tables_ = shared;
+  map_ = shared->map;
+  boundaries_ = shared->boundaries;
+  lut_ = shared->lut;
+  lut_boundaries_ = shared->lut_boundaries;
   const int64_t blocks = (numel + block - 1) / block;
   const auto u8 = at::TensorOptions().dtype(at::kByte).device(device);
   const int64_t zero_code = at::searchsorted(boundaries_, at::zeros({1}, map_.options())).item<int64_t>();

@@ -118,19 +118,25 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   std::vector<Moment> moments;
   //  the loss's forward, on top of everything forward kept;
   moments.push_back({"forward, in the loss", kept_all, a.loss_forward_temporary, 0});
-  //  the loss's backward: the logits' gradients (chunk by chunk when chunked) and the head's gradient;
-  moments.push_back({"backward, in the loss", kept_all, a.loss_backward_temporary, a.loss_weight_gradient});
+  //  the loss's backward: the logits' gradients (chunk by chunk when chunked) and the head's gradient
+  //  (with tied embeddings an autograd intermediate, waiting to be summed with the embedding's);
+  const bool tied = c.tie_embeddings;
+  moments.push_back({"backward, in the loss", kept_all, a.loss_backward_temporary + (tied ? a.loss_weight_gradient : 0),
+                     tied ? 0 : a.loss_weight_gradient});
   //  each segment's backward (last first): what the blocks before it keep, its blocks' activations
   //  all live (recomputed when checkpointed), its working set, and the gradients live by then
   //  (standard: the head's and those of every later block; in backward: one node's).
   const int64_t head_grad = c.vocab_size * c.dim * e;
-  int64_t later_grads = head_grad;
+  const int64_t pending_head_grad = tied && !in_backward ? head_grad : 0;  // until the embedding's backward
+  int64_t later_grads = tied ? 0 : head_grad;
   for (auto s = layout.segments.rbegin(); s != layout.segments.rend(); ++s) {
     int64_t prefix = 0;
     for (int64_t i = 0; i < s->begin; ++i) prefix += layout.kept[static_cast<size_t>(i)];
     const int64_t live = (s->end - s->begin) * a.block_plain;
-    moments.push_back({"backward of block " + std::to_string(s->end - 1), prefix + live, a.block_backward_working_set,
-                       in_backward ? a.block_largest_matrix : later_grads});
+    // The block's own first gradients (its last matrix's) are made early in its backward.
+    moments.push_back({"backward of block " + std::to_string(s->end - 1), prefix + live,
+                       a.block_backward_working_set + pending_head_grad,
+                       a.block_largest_matrix + (in_backward ? 0 : later_grads)});
     later_grads += (s->end - s->begin) * a.block_params;
   }
   //  the optimizer step after a standard backward: every gradient and one parameter-sized temporary.

@@ -14,6 +14,8 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+
 #include <cstdint>
 
 namespace frugal {
@@ -24,6 +26,9 @@ at::Tensor dynamic_code_map(bool is_signed, int bits);
 // Bytes of the tables one (signedness, bits) code map shares across every buffer on a device: the
 // map, its midpoints, the 2^17-entry encode table and the midpoints with +inf (tagged 'other').
 int64_t code_table_bytes(int bits);
+// Makes the tables now (if no buffer holds them yet) and keeps them alive with the handle: an
+// optimizer builds them at construction, so no training step pays their transient work.
+std::shared_ptr<const void> retain_code_tables(bool is_signed, int bits, at::Device device);
 
 class QuantizedBuffer {
  public:
@@ -66,6 +71,7 @@ class QuantizedBuffer {
   at::Tensor lut_;               // uint8 (131072), CPU: see lut()
   at::Tensor lut_boundaries_;    // fp32 (levels), CPU: the midpoints, then +inf
   at::Tensor codes_, absmax_;
+  std::shared_ptr<const void> tables_;  // keeps the shared tables alive while this buffer is
 };
 
 }  // namespace optim
