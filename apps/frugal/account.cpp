@@ -5,14 +5,14 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/bench/memory_account.h"
 #include "frugal/io/units.h"
-#include "frugal/train/memory_account.h"
 
 namespace frugal {
 namespace cli {
 
 int run_account(int argc, char** argv) {
-  train::AccountConfig config;
+  bench::AccountConfig config;
   int64_t seed = 0;
   std::string json_out = "account.json";
   bool skip_timing = false;
@@ -34,12 +34,12 @@ int run_account(int argc, char** argv) {
   config.seed = static_cast<uint64_t>(seed);
   config.timing = !skip_timing;
   if (budget >= 0) config.budget_bytes.push_back(budget);
-  const std::string invalid = train::validate(config);
+  const std::string invalid = bench::validate(config);
   if (!invalid.empty()) throw UsageError("--" + invalid);
 
   warn_if_slow_blas();
   const bool json_to_stdout = json_out == "-";
-  train::AccountResult result = train::run_memory_account(config, [](const std::string& line) {
+  bench::AccountResult result = bench::run_memory_account(config, [](const std::string& line) {
     std::cerr << "frugal account: " << line << "\n";
   });
   if (!result.budgets.empty() && !result.budgets.front().feasible) {
@@ -49,8 +49,8 @@ int run_account(int argc, char** argv) {
                      std::to_string(b.min_achievable_bytes) + " bytes (" + io::human_bytes(b.min_achievable_bytes) + ")");
   }
   std::ostringstream table, json;
-  train::write_account_table(result, table);
-  train::write_account_json(result, json);
+  bench::write_account_table(result, table);
+  bench::write_account_json(result, json);
   (json_to_stdout ? std::cerr : std::cout) << table.str();
   write_output(json_out, json.str());
   if (!json_to_stdout) std::cout << "\nwrote " << json_out << "\n";

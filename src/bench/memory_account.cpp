@@ -1,4 +1,4 @@
-#include "frugal/train/memory_account.h"
+#include "frugal/bench/memory_account.h"
 
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
@@ -15,7 +15,7 @@
 #include "frugal/models/transformer_block.h"
 
 namespace frugal {
-namespace train {
+namespace bench {
 namespace {
 
 using memory::Category;
@@ -479,5 +479,5 @@ void write_account_table(const AccountResult& r, std::ostream& out) {
       << r.predicted_saved_bytes_none << " B); measured / predicted = " << mop << "\n";
 }
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal
