@@ -101,7 +101,6 @@ AccountResult run_memory_account(const AccountConfig& config,
 void write_account_json(const AccountResult& result, std::ostream& out);
 // One budget's plan, prediction and measurement as a JSON object.
 void write_budget_json(io::JsonWriter& w, const BudgetResult& budget, const AccountResult& result);
-void write_account_table(const AccountResult& result, std::ostream& out);
 
 }  // namespace bench
 }  // namespace frugal
