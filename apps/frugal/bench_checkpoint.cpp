@@ -6,14 +6,14 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/bench/memory_account.h"
 #include "frugal/io/json.h"
-#include "frugal/train/memory_account.h"
 
 namespace frugal {
 namespace cli {
 
 int bench_checkpoint(int argc, char** argv) {
-  train::AccountConfig config;
+  bench::AccountConfig config;
   config.layers = 12;
   config.width = 256;
   config.timing_warmup = 2;
@@ -30,14 +30,14 @@ int bench_checkpoint(int argc, char** argv) {
   config.timing_runs = static_cast<int>(runs);
   config.budget_fractions = {0.25, 0.5, 0.75};
   config.optimizer_modes = false;
-  const std::string invalid = train::validate(config);
+  const std::string invalid = bench::validate(config);
   if (!invalid.empty()) throw UsageError("--" + invalid);
 
   warn_if_slow_blas();
-  const train::AccountResult r = train::run_memory_account(config, [](const std::string& line) {
+  const bench::AccountResult r = bench::run_memory_account(config, [](const std::string& line) {
     std::cerr << "frugal bench checkpoint: " << line << "\n";
   });
-  const train::VariantResult* none = r.find("none");
+  const bench::VariantResult* none = r.find("none");
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("checkpoint");

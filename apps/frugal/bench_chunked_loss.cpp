@@ -5,14 +5,14 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/bench/loss_benchmark.h"
 #include "frugal/io/json.h"
-#include "frugal/train/loss_benchmark.h"
 
 namespace frugal {
 namespace cli {
 
 int bench_chunked_loss(int argc, char** argv) {
-  train::ChunkedLossConfig config;
+  bench::ChunkedLossConfig config;
   int64_t runs = config.timing_runs;
   std::string json_out = "-";
   Args args("bench chunked-loss",
@@ -31,7 +31,7 @@ int bench_chunked_loss(int argc, char** argv) {
   std::fprintf(stderr, "frugal bench chunked-loss: %lld tokens, hidden %lld, vocabulary %lld, chunks of %lld\n",
                static_cast<long long>(config.tokens), static_cast<long long>(config.hidden),
                static_cast<long long>(config.vocab), static_cast<long long>(config.chunk));
-  const train::ChunkedLossResult r = train::run_chunked_loss_benchmark(config);
+  const bench::ChunkedLossResult r = bench::run_chunked_loss_benchmark(config);
   const double memory_ratio = static_cast<double>(r.peak_bytes_chunked) / static_cast<double>(r.peak_bytes_plain);
   const double time_ratio = r.time_s_chunked / r.time_s_plain;
   std::ostringstream json;

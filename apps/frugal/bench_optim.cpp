@@ -5,16 +5,16 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/bench/optim_benchmark.h"
 #include "frugal/checkpoint/policy.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
-#include "frugal/train/optim_benchmark.h"
 
 namespace frugal {
 namespace cli {
 
 int bench_optim_in_backward(int argc, char** argv) {
-  train::OptimInBackwardConfig c;
+  bench::OptimInBackwardConfig c;
   int64_t runs = c.timing_runs;
   Args args("bench optim-in-backward",
             "Trains two identical Transformer stacks with AdamW, one stepping after backward and one inside it, and\n"
@@ -34,7 +34,7 @@ int bench_optim_in_backward(int argc, char** argv) {
     throw UsageError(std::string("--policy: ") + e.what());
   }
   warn_if_slow_blas();
-  const auto r = train::run_optim_in_backward_benchmark(c);
+  const auto r = bench::run_optim_in_backward_benchmark(c);
   const double time_ratio = r.time_s_in_backward / r.time_s_standard;
   std::ostringstream json;
   io::JsonWriter w(json);

@@ -8,9 +8,9 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/bench/hardware.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
-#include "frugal/train/hardware.h"
 #include "frugal/train/trainer.h"
 #include "train_progress.h"
 
@@ -53,7 +53,7 @@ int bench_train(int argc, char** argv) {
   const auto r_on = train::run_training(on, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
   log("all techniques off");
   const auto r_off = train::run_training(off, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
-  const double matmul = train::measure_matmul_gflops(1024, 0.5);
+  const double matmul = bench::measure_matmul_gflops(1024, 0.5);
   const auto& c = on.model;
   const double flops_per_token = 6.0 * static_cast<double>(r_on.n_params) +
                                  12.0 * static_cast<double>(c.n_layers * c.dim * on.seq_len);

@@ -9,8 +9,8 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/bench/hardware.h"
 #include "frugal/io/atomic_file.h"
-#include "frugal/train/hardware.h"
 
 namespace {
 
@@ -39,8 +39,8 @@ namespace cli {
 void warn_if_slow_blas() {
   // Best of a few short probes: a busy machine slows one probe, not all of them.
   double best = 0;
-  for (int i = 0; i < 5 && best < train::kSlowBlasGflops; ++i) best = std::max(best, train::measure_matmul_gflops(256, 0.01));
-  const std::string warning = train::slow_blas_warning(best);
+  for (int i = 0; i < 5 && best < bench::kSlowBlasGflops; ++i) best = std::max(best, bench::measure_matmul_gflops(256, 0.01));
+  const std::string warning = bench::slow_blas_warning(best);
   if (!warning.empty()) std::cerr << "frugal: " << warning << "\n";
 }
 

@@ -8,7 +8,7 @@
 
 #include "frugal/checkpoint/selective.h"
 #include "frugal/loss/chunked_cross_entropy.h"
-#include "frugal/models/transformer_block.h"
+#include "frugal/models/attention.h"
 
 namespace frugal {
 namespace models {

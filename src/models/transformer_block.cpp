@@ -1,9 +1,7 @@
 #include "frugal/models/transformer_block.h"
 
-#include <cmath>
-#include <limits>
-
 #include "frugal/checkpoint/selective.h"
+#include "frugal/models/attention.h"
 
 namespace frugal {
 namespace models {
@@ -17,19 +15,6 @@ PreLNBlockImpl::PreLNBlockImpl(int64_t d_model, int64_t n_heads) : d_model_(d_mo
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
   fc1 = register_module("fc1", torch::nn::Linear(d_model, 4 * d_model));
   fc2 = register_module("fc2", torch::nn::Linear(4 * d_model, d_model));
-}
-
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t T = q.size(2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  // scores: (B, H, T, T); the in-place scale and mask keep nothing extra for backward
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
-  scores.mul_(scale);
-  const at::Tensor mask =
-      at::full({T, T}, -std::numeric_limits<float>::infinity(), scores.options()).triu_(1);
-  scores.add_(mask);
-  const at::Tensor probs = at::softmax(scores, -1);  // kept: (B, H, T, T)
-  return at::matmul(probs, v);                       // (B, H, T, dh)
 }
 
 at::Tensor PreLNBlockImpl::forward(const at::Tensor& x) {

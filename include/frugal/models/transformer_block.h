@@ -1,6 +1,7 @@
 // frugal/models/transformer_block.h — the pre-LN Transformer block that `frugal account` measures.
 //
-// x -> x + proj(causal_attention(qkv(ln1(x)))) -> x + fc2(gelu(fc1(ln2(x)))), no dropout.
+// x -> x + proj(causal_attention(qkv(ln1(x)))) -> x + fc2(gelu(fc1(ln2(x)))), no dropout
+// (causal_attention is models/attention.h).
 // Its Linear layers go through checkpoint::linear, so selective checkpointing can keep them.
 //
 //   frugal::models::PreLNBlock block(/*d_model=*/128, /*n_heads=*/4);
@@ -32,10 +33,6 @@ class PreLNBlockImpl : public torch::nn::Module {
   torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(PreLNBlock);
-
-// Causal multi-head attention that keeps the (B, H, T, T) probabilities for backward.
-// q, k, v: (B, H, T, dh) -> (B, H, T, dh)
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Parameters of `layers` blocks: L * (12 d^2 + 13 d).
 int64_t block_param_count(int64_t layers, int64_t d_model);

@@ -1,17 +1,17 @@
-// frugal/train/hardware.h — how fast this machine multiplies matrices.
+// frugal/bench/hardware.h — how fast this machine multiplies matrices.
 //
 // LibTorch on Debian falls back to reference BLAS (~5 GFLOP/s) unless libopenblas0-pthread is
 // installed (~150 GFLOP/s on 2 cores); the CLI uses this to warn at start-up.
 //
-//   double gflops = frugal::train::measure_matmul_gflops(256, 0.05);
-//   if (gflops < frugal::train::kSlowBlasGflops) { ... }
+//   double gflops = frugal::bench::measure_matmul_gflops(256, 0.05);
+//   if (gflops < frugal::bench::kSlowBlasGflops) { ... }
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 namespace frugal {
-namespace train {
+namespace bench {
 
 constexpr double kSlowBlasGflops = 20.0;
 
@@ -21,5 +21,5 @@ double measure_matmul_gflops(int64_t n = 256, double min_seconds = 0.05);
 // One line to print when gflops is below kSlowBlasGflops, else empty.
 std::string slow_blas_warning(double gflops);
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal

@@ -2,16 +2,16 @@
 // the gradients agree.
 #include <gtest/gtest.h>
 
-#include "frugal/train/loss_benchmark.h"
+#include "frugal/bench/loss_benchmark.h"
 
 TEST(ChunkedLossBenchmark, PeakIsAFractionOfThePlainOne) {
-  frugal::train::ChunkedLossConfig cfg;
+  frugal::bench::ChunkedLossConfig cfg;
   cfg.tokens = 512;
   cfg.hidden = 32;
   cfg.vocab = 2000;
   cfg.chunk = 64;
   cfg.timing_runs = 0;
-  const auto r = frugal::train::run_chunked_loss_benchmark(cfg);
+  const auto r = frugal::bench::run_chunked_loss_benchmark(cfg);
   // Plain keeps (N, V) logits and their log-softmax, and makes their gradient: >= 2 * N * V * 4.
   EXPECT_GE(r.peak_bytes_plain, 2 * 512 * 2000 * 4);
   // Chunked: two (chunk, V) buffers, the weight's gradient, the hidden states' gradient, a bit more.

@@ -3,15 +3,15 @@
 
 #include <sstream>
 
+#include "frugal/bench/memory_account.h"
 #include "frugal/models/transformer_block.h"
-#include "frugal/train/memory_account.h"
 
 using namespace frugal;
 
 namespace {
 
-void expect_acceptance(const train::AccountConfig& cfg) {
-  const train::AccountResult r = train::run_memory_account(cfg);
+void expect_acceptance(const bench::AccountConfig& cfg) {
+  const bench::AccountResult r = bench::run_memory_account(cfg);
   EXPECT_EQ(r.n_params, cfg.layers * (12 * cfg.width * cfg.width + 13 * cfg.width));
   EXPECT_EQ(r.n_params, r.n_params_formula);
   EXPECT_TRUE(r.param_bytes.agree());
@@ -38,7 +38,7 @@ void expect_acceptance(const train::AccountConfig& cfg) {
 }  // namespace
 
 TEST(MemoryAccount, SmallStackMeetsTheAcceptanceFigures) {
-  train::AccountConfig cfg;
+  bench::AccountConfig cfg;
   cfg.layers = 4;
   cfg.width = 64;
   cfg.heads = 4;
@@ -49,7 +49,7 @@ TEST(MemoryAccount, SmallStackMeetsTheAcceptanceFigures) {
 }
 
 TEST(MemoryAccount, DefaultConfigurationMeetsTheAcceptanceFigures) {
-  train::AccountConfig cfg;
+  bench::AccountConfig cfg;
   cfg.timing = false;
   expect_acceptance(cfg);
 }
@@ -61,7 +61,7 @@ TEST(MemoryAccount, PredictionFormula) {
 }
 
 TEST(MemoryAccount, TimingAndJson) {
-  train::AccountConfig cfg;
+  bench::AccountConfig cfg;
   cfg.layers = 2;
   cfg.width = 32;
   cfg.heads = 2;
@@ -69,13 +69,13 @@ TEST(MemoryAccount, TimingAndJson) {
   cfg.seq = 8;
   cfg.timing_runs = 3;
   cfg.timing_warmup = 1;
-  const auto r = train::run_memory_account(cfg);
+  const auto r = bench::run_memory_account(cfg);
   for (const auto& v : r.variants) {
     ASSERT_TRUE(v.time_s.has_value());
     EXPECT_GT(*v.time_s, 0);
   }
   std::ostringstream json;
-  train::write_account_json(r, json);
+  bench::write_account_json(r, json);
   for (const char* key : {"\"config\"", "\"n_params\"", "\"param_bytes\"", "\"grad_bytes\"", "\"adamw_state_bytes\"",
                           "\"saved_bytes\"", "\"saved_ratio_vs_none\"", "\"time_s\"", "\"max_grad_diff\"",
                           "\"predicted_saved_bytes_none\"", "\"measured_over_predicted\""}) {
@@ -84,15 +84,15 @@ TEST(MemoryAccount, TimingAndJson) {
 }
 
 TEST(MemoryAccount, ValidateNamesTheBadValue) {
-  train::AccountConfig cfg;
+  bench::AccountConfig cfg;
   cfg.width = 130;
-  EXPECT_EQ(train::validate(cfg), "width must be divisible by heads, got width 130 and heads 4");
+  EXPECT_EQ(bench::validate(cfg), "width must be divisible by heads, got width 130 and heads 4");
   cfg.width = 128;
   cfg.layers = 0;
-  EXPECT_EQ(train::validate(cfg), "layers must be a positive integer, got 0");
+  EXPECT_EQ(bench::validate(cfg), "layers must be a positive integer, got 0");
   cfg.layers = 2;
   cfg.variants = {"full"};
-  EXPECT_NE(train::validate(cfg), "");
+  EXPECT_NE(bench::validate(cfg), "");
   cfg.variants = {"none", "sometimes"};
-  EXPECT_NE(train::validate(cfg).find("sometimes"), std::string::npos);
+  EXPECT_NE(bench::validate(cfg).find("sometimes"), std::string::npos);
 }

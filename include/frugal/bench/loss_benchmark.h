@@ -1,11 +1,11 @@
-// frugal/train/loss_benchmark.h — the chunked cross-entropy against Linear + cross_entropy.
+// frugal/bench/loss_benchmark.h — the chunked cross-entropy against Linear + cross_entropy.
 //
 // Measures, in one run, the peak bytes above the parameters and inputs during forward+backward
 // (allocation tracker), the median forward+backward time, and the largest relative gradient
 // difference of the two.
 //
-//   frugal::train::ChunkedLossConfig cfg;          // 8192 tokens, hidden 512, vocabulary 32000
-//   auto r = frugal::train::run_chunked_loss_benchmark(cfg);
+//   frugal::bench::ChunkedLossConfig cfg;          // 8192 tokens, hidden 512, vocabulary 32000
+//   auto r = frugal::bench::run_chunked_loss_benchmark(cfg);
 //   double ratio = double(r.peak_bytes_chunked) / r.peak_bytes_plain;
 #pragma once
 
@@ -14,7 +14,7 @@
 #include <cstdint>
 
 namespace frugal {
-namespace train {
+namespace bench {
 
 struct ChunkedLossConfig {
   int64_t tokens = 8192;
@@ -36,5 +36,5 @@ struct ChunkedLossResult {
 
 ChunkedLossResult run_chunked_loss_benchmark(const ChunkedLossConfig& config);
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal

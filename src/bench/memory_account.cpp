@@ -1,22 +1,19 @@
-#include "frugal/train/memory_account.h"
+#include "frugal/bench/memory_account.h"
 
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <iomanip>
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/io/json.h"
-#include "frugal/io/units.h"
 #include "frugal/memory/trace.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/models/transformer_block.h"
 
 namespace frugal {
-namespace train {
+namespace bench {
 namespace {
 
 using memory::Category;
@@ -413,73 +410,5 @@ void write_budget_json(io::JsonWriter& w, const BudgetResult& b, const AccountRe
   w.end_object();
 }
 
-void write_account_table(const AccountResult& r, std::ostream& out) {
-  const auto& c = r.config;
-  out << "frugal account: " << c.layers << " pre-LN blocks, width " << c.width << ", " << c.heads
-      << " heads, input (" << c.batch << ", " << c.seq << ", " << c.width << "), fp32 on " << c.device.str()
-      << ", " << r.n_params << " parameters\n\n";
-  out << std::left << std::setw(20) << "bucket" << std::right << std::setw(14) << "formula" << std::setw(14)
-      << "tensors" << std::setw(14) << "tracker" << "\n";
-  auto row = [&](const char* name, const BytesCheck& b) {
-    out << std::left << std::setw(20) << name << std::right << std::setw(14) << io::human_bytes(b.formula)
-        << std::setw(14) << io::human_bytes(b.tensors) << std::setw(14) << io::human_bytes(b.tracked)
-        << (b.agree() ? "" : "   MISMATCH") << "\n";
-  };
-  row("parameters", r.param_bytes);
-  row("gradients", r.grad_bytes);
-  row("AdamW state", r.adamw_state_bytes);
-
-  const VariantResult* none = r.find("none");
-  out << "\n" << std::left << std::setw(20) << "checkpointing" << std::right << std::setw(14) << "kept"
-      << std::setw(10) << "vs none" << std::setw(12) << "fwd+bwd" << std::setw(10) << "vs none"
-      << std::setw(16) << "max grad diff" << "\n";
-  for (const auto& v : r.variants) {
-    char ratio[32], time[32], tratio[32], diff[32];
-    std::snprintf(ratio, sizeof(ratio), "%.3f",
-                  none ? static_cast<double>(v.saved_bytes) / static_cast<double>(none->saved_bytes) : 0.0);
-    std::snprintf(time, sizeof(time), v.time_s ? "%.1f ms" : "-", v.time_s ? *v.time_s * 1e3 : 0.0);
-    std::snprintf(tratio, sizeof(tratio), (v.time_s && none && none->time_s) ? "%.2fx" : "-",
-                  (v.time_s && none && none->time_s) ? *v.time_s / *none->time_s : 0.0);
-    std::snprintf(diff, sizeof(diff), "%.2e", v.max_grad_diff);
-    out << std::left << std::setw(20) << v.name << std::right << std::setw(14) << io::human_bytes(v.saved_bytes)
-        << std::setw(10) << ratio << std::setw(12) << time << std::setw(10) << tratio << std::setw(16) << diff
-        << "\n";
-  }
-  char mop[64];
-  std::snprintf(mop, sizeof(mop), "%.4f", r.measured_over_predicted());
-  if (r.optimizer_modes) {
-    const auto& o = *r.optimizer_modes;
-    out << "\n" << std::left << std::setw(28) << "training step (AdamW)" << std::right << std::setw(14) << "peak"
-        << std::setw(18) << "live gradients" << "\n";
-    out << std::left << std::setw(28) << "  step after backward" << std::right << std::setw(14)
-        << io::human_bytes(o.peak_bytes_standard) << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_standard) << "\n";
-    out << std::left << std::setw(28) << "  step inside backward" << std::right << std::setw(14)
-        << io::human_bytes(o.peak_bytes_in_backward) << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_in_backward)
-        << "   (largest node " << io::human_bytes(o.largest_grad_bytes) << ")\n";
-  }
-  for (const BudgetResult& b : r.budgets) {
-    out << "\nactivation budget " << io::human_bytes(b.budget_bytes) << " (plain run's activation peak "
-        << io::human_bytes(r.activation_peak_none) << "):\n";
-    if (!b.feasible) {
-      out << "  impossible: the smallest achievable peak is " << io::human_bytes(b.min_achievable_bytes) << "\n";
-      continue;
-    }
-    char line[256];
-    std::snprintf(line, sizeof(line), "  plan            %s (%lld of %lld blocks recomputed)\n", b.plan.describe().c_str(),
-                  static_cast<long long>(b.plan.checkpointed_blocks()), static_cast<long long>(r.config.layers));
-    out << line;
-    out << "  predicted peak  " << io::human_bytes(b.plan.predicted_bytes) << ", measured " << io::human_bytes(b.measured_bytes);
-    std::snprintf(line, sizeof(line), " (%.3f), recompute %.1f ms", static_cast<double>(b.measured_bytes) /
-                  static_cast<double>(b.plan.predicted_bytes), b.plan.recompute_s * 1e3);
-    out << line << "\n";
-    std::snprintf(line, sizeof(line), "  sqrt(n) rule    %s: predicted peak ", b.sqrt_n.describe().c_str());
-    out << line << io::human_bytes(b.sqrt_n.predicted_bytes);
-    std::snprintf(line, sizeof(line), ", recompute %.1f ms\n", b.sqrt_n.recompute_s * 1e3);
-    out << line;
-  }
-  out << "\npredicted kept bytes without checkpointing: " << io::human_bytes(r.predicted_saved_bytes_none) << " ("
-      << r.predicted_saved_bytes_none << " B); measured / predicted = " << mop << "\n";
-}
-
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal

@@ -3,12 +3,12 @@
 // respects peak_standard - grad_bytes + activation_bytes + largest_grad_bytes (within 1%).
 #include <gtest/gtest.h>
 
-#include "frugal/train/optim_benchmark.h"
+#include "frugal/bench/optim_benchmark.h"
 
 TEST(OptimInBackward, GradientMemoryFallsToOneNodesWorth) {
   for (const char* policy : {"none", "full"}) {
     SCOPED_TRACE(policy);
-    frugal::train::OptimInBackwardConfig c;
+    frugal::bench::OptimInBackwardConfig c;
     c.layers = 4;
     c.width = 64;
     c.heads = 4;
@@ -16,7 +16,7 @@ TEST(OptimInBackward, GradientMemoryFallsToOneNodesWorth) {
     c.seq = 16;
     c.policy = policy;
     c.timing_runs = 0;
-    const auto r = frugal::train::run_optim_in_backward_benchmark(c);
+    const auto r = frugal::bench::run_optim_in_backward_benchmark(c);
     EXPECT_EQ(r.max_live_grad_bytes_standard, r.grad_bytes);  // all gradients exist together
     EXPECT_GT(r.max_live_grad_bytes_in_backward, 0);
     EXPECT_LE(r.max_live_grad_bytes_in_backward, r.largest_grad_bytes);

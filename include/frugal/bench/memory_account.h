@@ -1,13 +1,13 @@
-// frugal/train/memory_account.h — where the training memory of a Transformer stack goes.
+// frugal/bench/memory_account.h — where the training memory of a Transformer stack goes.
 //
 // Builds `layers` pre-LN blocks on a (batch, seq, width) input (loss = mean of the squared output)
 // and measures, with the allocation tracker: parameter, gradient and AdamW-state bytes (formula vs
 // real tensors vs tracker), the bytes kept between forward and backward for each checkpointing
 // variant, their forward+backward time, and how far their gradients are from the plain run's.
 //
-//   frugal::train::AccountConfig cfg;           // 6 layers, width 128, 4 heads, batch 16, seq 64
-//   auto result = frugal::train::run_memory_account(cfg);
-//   frugal::train::write_account_json(result, std::cout);
+//   frugal::bench::AccountConfig cfg;           // 6 layers, width 128, 4 heads, batch 16, seq 64
+//   auto result = frugal::bench::run_memory_account(cfg);
+//   frugal::bench::write_account_json(result, std::cout);
 #pragma once
 
 #include <c10/core/Device.h>
@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "frugal/bench/optim_benchmark.h"
 #include "frugal/checkpoint/planner.h"
 #include "frugal/io/json.h"
 #include "frugal/memory/tracker.h"
-#include "frugal/train/optim_benchmark.h"
 
 namespace frugal {
-namespace train {
+namespace bench {
 
 struct AccountConfig {
   int64_t layers = 6;
@@ -101,7 +101,6 @@ AccountResult run_memory_account(const AccountConfig& config,
 void write_account_json(const AccountResult& result, std::ostream& out);
 // One budget's plan, prediction and measurement as a JSON object.
 void write_budget_json(io::JsonWriter& w, const BudgetResult& budget, const AccountResult& result);
-void write_account_table(const AccountResult& result, std::ostream& out);
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal

@@ -1,4 +1,4 @@
-#include "frugal/train/optim_benchmark.h"
+#include "frugal/bench/optim_benchmark.h"
 
 #include <torch/cuda.h>
 
@@ -12,7 +12,7 @@
 #include "frugal/optim/optimizer.h"
 
 namespace frugal {
-namespace train {
+namespace bench {
 namespace {
 
 using memory::Category;
@@ -156,5 +156,5 @@ OptimInBackwardResult run_optim_in_backward_benchmark(const OptimInBackwardConfi
   return r;
 }
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal

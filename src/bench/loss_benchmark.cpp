@@ -1,4 +1,4 @@
-#include "frugal/train/loss_benchmark.h"
+#include "frugal/bench/loss_benchmark.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -12,7 +12,7 @@
 #include "frugal/memory/tracker.h"
 
 namespace frugal {
-namespace train {
+namespace bench {
 namespace {
 
 struct StepResult {
@@ -97,5 +97,5 @@ ChunkedLossResult run_chunked_loss_benchmark(const ChunkedLossConfig& c) {
   return result;
 }
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal

@@ -1,4 +1,4 @@
-#include "frugal/train/hardware.h"
+#include "frugal/bench/hardware.h"
 
 #include <ATen/ATen.h>
 
@@ -6,7 +6,7 @@
 #include <cstdio>
 
 namespace frugal {
-namespace train {
+namespace bench {
 
 double measure_matmul_gflops(int64_t n, double min_seconds) {
   at::NoGradGuard no_grad;
@@ -35,5 +35,5 @@ std::string slow_blas_warning(double gflops) {
   return buf;
 }
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal

@@ -1,11 +1,11 @@
-// frugal/train/optim_benchmark.h — a training step with the optimizer after backward vs inside it.
+// frugal/bench/optim_benchmark.h — a training step with the optimizer after backward vs inside it.
 //
 // Trains two identical pre-LN Transformer stacks with AdamW on the same batches, one per mode, and
 // measures with the allocation tracker the peak bytes of a steady training step, the gradient
 // bytes live at once, and the time per step; at the end, how far apart the parameters are.
 //
-//   frugal::train::OptimInBackwardConfig cfg;     // 12 layers, d 512, batch 1, seq 64
-//   auto r = frugal::train::run_optim_in_backward_benchmark(cfg);
+//   frugal::bench::OptimInBackwardConfig cfg;     // 12 layers, d 512, batch 1, seq 64
+//   auto r = frugal::bench::run_optim_in_backward_benchmark(cfg);
 //   bool ok = r.peak_bytes_in_backward <= r.bound_bytes();
 #pragma once
 
@@ -15,7 +15,7 @@
 #include <string>
 
 namespace frugal {
-namespace train {
+namespace bench {
 
 struct OptimInBackwardConfig {
   int64_t layers = 12;
@@ -49,5 +49,5 @@ struct OptimInBackwardResult {
 
 OptimInBackwardResult run_optim_in_backward_benchmark(const OptimInBackwardConfig& config);
 
-}  // namespace train
+}  // namespace bench
 }  // namespace frugal
