@@ -57,6 +57,8 @@ void write_account_table(const bench::AccountResult& r, std::ostream& out) {
     out << std::left << std::setw(28) << "  step inside backward" << std::right << std::setw(14)
         << io::human_bytes(o.peak_bytes_in_backward) << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_in_backward)
         << "   (largest node " << io::human_bytes(o.largest_grad_bytes) << ")\n";
+    out << "  (each the peak over the steady steps, from the second on, of a run with its own tracker: not part of\n"
+           "  --trace-out, whose peak is the whole account's)\n";
   }
   for (const bench::BudgetResult& b : r.budgets) {
     out << "\nactivation budget " << io::human_bytes(b.budget_bytes) << " (plain run's activation peak "
@@ -131,7 +133,8 @@ int run_account(int argc, char** argv) {
     std::ostringstream trace;
     result.tracker->write_timeline_json(trace);
     write_output(trace_out, trace.str());
-    std::cout << "wrote " << trace_out << " (" << result.tracker->events().size() << " events)\n";
+    std::cout << "wrote " << trace_out << " (" << result.tracker->events().size() << " events; peak over the whole account "
+              << io::human_bytes(result.tracker->peak_report().peak_bytes) << ", as frugal report shows it)\n";
   }
 
   if (result.n_params != result.n_params_formula) {

@@ -35,9 +35,26 @@ std::string resolve_recipe(const std::string& arg) {
 }
 
 void write_estimate(io::JsonWriter& w, const train::MemoryEstimate& e) {
-  w.begin_object().key("peak_bytes").value(e.peak_bytes).key("by_category").begin_object();
+  w.begin_object().key("peak_bytes").value(e.peak_bytes).key("peak_at").value(e.peak_at).key("by_category").begin_object();
   for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(e.by_category[static_cast<int>(c)]);
-  w.end_object().end_object();
+  w.end_object().key("state_in_files_bytes").value(e.state_in_files_bytes);
+  w.key("state_off_device_bytes").value(e.state_off_device_bytes).end_object();
+}
+
+// Where the optimizer state lives, when that is not plainly the device's memory.
+void print_state_placement(std::ostream& out, const train::Recipe& r, const train::MemoryEstimate& e) {
+  const auto placement = r.optimizer.state().placement();
+  if (e.state_off_device_bytes > 0) {
+    out << "optimizer state: " << io::human_bytes(e.state_off_device_bytes) << " in host memory"
+        << (placement == optim::StatePlacement::mmap ? " (mapped files)" : "") << ", not in the GPU's peak above\n";
+  } else if (e.state_in_files_bytes > 0) {
+    out << "optimizer state: " << io::human_bytes(e.state_in_files_bytes) << " of its "
+        << io::human_bytes(e.by_category[static_cast<int>(memory::Category::optimizer_state)]) << " in files under "
+        << r.optimizer.state().mmap_dir() << ", counted as memory: the kernel keeps the pages each step touches resident "
+        << "and may write them back to the files under pressure; the rest (block scales, small tensors) stays in memory\n";
+  } else if (placement == optim::StatePlacement::host) {
+    out << "optimizer state: in host memory, which on the CPU is the device's: counted above\n";
+  }
 }
 
 void print_estimate_table(std::ostream& out, const char* title, const train::MemoryEstimate& e,
@@ -60,6 +77,7 @@ void print_estimate_table(std::ostream& out, const char* title, const train::Mem
     row(memory::category_name(c), e.by_category[i], measured ? measured->breakdown[i] : 0);
   }
   row("peak", e.peak_bytes, measured ? measured->peak_bytes : 0);
+  out << "  (estimated at: " << e.peak_at << ")\n";
 }
 
 }  // namespace
@@ -114,19 +132,28 @@ int run_train(int argc, char** argv) {
       }
       vocab = data::Tokenizer::load(recipe.tokenizer).vocab_size();
     }
-    const auto est = train::estimate_training_memory(recipe, vocab);
-    const auto plain = train::estimate_training_memory(train::without_techniques(recipe), vocab);
+    train::MemoryEstimate est, plain;
+    try {
+      est = train::estimate_training_memory(recipe, vocab);
+      plain = train::estimate_training_memory(train::without_techniques(recipe), vocab);
+    } catch (const train::RecipeError& e) {
+      throw UsageError(e.what());
+    }
     std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters ("
               << train::dtype_name(recipe.dtype) << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens\n";
     print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
+    print_state_placement(std::cout, recipe, est);
     print_estimate_table(std::cout, "estimated peak with every technique off:", plain, nullptr);
     if (!json_out.empty()) {
       std::ostringstream json;
       io::JsonWriter w(json);
       w.begin_object().key("recipe").value(recipe.name).key("n_params").value(est.n_params);
+      // The estimate's keys at the top level (as before), and the same object again as "estimate".
       w.key("peak_bytes").value(est.peak_bytes).key("by_category").begin_object();
       for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(est.by_category[static_cast<int>(c)]);
-      w.end_object().key("techniques_off");
+      w.end_object().key("estimate");
+      write_estimate(w, est);
+      w.key("techniques_off");
       write_estimate(w, plain);
       w.end_object();
       write_output(json_out, json.str());
@@ -178,6 +205,7 @@ int run_train(int argc, char** argv) {
                               ", reached in step " + std::to_string(result.peak.peak_step) + ", " +
                               memory::phase_name(result.peak.peak_phase) + "):";
   print_estimate_table(summary, heading.c_str(), result.estimate, &result.peak);
+  print_state_placement(summary, recipe, result.estimate);
   summary << "estimated peak of the same job with every technique off: " << io::human_bytes(result.estimate_plain.peak_bytes)
           << " (measured peak is " << io::human_bytes(result.peak.peak_bytes) << ")\n";
   summary << "checkpoint: " << result.checkpoint << "\n";

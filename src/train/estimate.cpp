@@ -214,12 +214,13 @@ std::string explain_memory_limit(const Recipe& recipe, int64_t vocab_size, const
     all.optimizer.state().precision(optim::StatePrecision::int8);
     add("optimizer.state_precision=int8", r);
   }
-  if (!sgd && recipe.optimizer.state().placement() == optim::StatePlacement::device) {
+  // On a GPU, host memory takes the state off the device; on the CPU host memory and mapped files
+  // are the device's memory too, so no placement lowers the peak there.
+  if (!sgd && recipe.device.is_cuda() && recipe.optimizer.state().placement() == optim::StatePlacement::device) {
     Recipe r = recipe;
-    const optim::StatePlacement off_device = recipe.device.is_cpu() ? optim::StatePlacement::mmap : optim::StatePlacement::host;
-    r.optimizer.state().placement(off_device);
-    all.optimizer.state().placement(off_device);
-    add(std::string("optimizer.state_placement=") + optim::placement_name(off_device), r);
+    r.optimizer.state().placement(optim::StatePlacement::host);
+    all.optimizer.state().placement(optim::StatePlacement::host);
+    add("optimizer.state_placement=host", r);
   }
   if (options.size() > 1) add("all of the above", all);
   if (options.empty()) out << " (every technique is already on; lower train.batch_size or train.seq_len)";

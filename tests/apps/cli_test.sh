@@ -162,6 +162,27 @@ else
   echo "FAIL: bounded capture"; failed=$((failed + 1))
 fi
 expect 0 "wrote" -- report "$tmp/train_trace.json" --memory-viz "$tmp/train_snap.pickle"
+
+# One number, one meaning: the same run with and without --trace-out reports the same peak and
+# breakdown; the trace's step summaries and the HTML page built from it say the same.
+expect 0 "measured peak over steps 0-5" -- train tiny "${common[@]}" train.steps=6 train.out_dir="$tmp/plain6" --json-out "$tmp/plain6.json"
+expect 0 "events" -- train tiny "${common[@]}" train.steps=6 train.out_dir="$tmp/traced6" --json-out "$tmp/traced6.json" --trace-out "$tmp/traced6_trace.json"
+expect 0 "wrote" -- report "$tmp/traced6_trace.json" -o "$tmp/traced6.html"
+if python3 - "$tmp/plain6.json" "$tmp/traced6.json" "$tmp/traced6_trace.json" "$tmp/traced6.html" <<'PY'
+import json, re, sys
+plain, traced, trace = (json.load(open(p)) for p in sys.argv[1:4])
+assert plain["by_category"] == traced["by_category"], (plain["by_category"], traced["by_category"])
+assert plain["peak_bytes"] == traced["peak_bytes"] == sum(traced["by_category"].values())
+assert traced["peak_covers"] == {"first_step": 0, "last_step": 5}
+best = max(trace["steps"], key=lambda s: s["peak_bytes"])
+assert best["peak_bytes"] == traced["peak_bytes"] and best["breakdown"] == traced["by_category"], best
+assert best["step"] == traced["peak_step"] and best["phase"] == traced["peak_phase"]
+page = open(sys.argv[4]).read()
+data = json.loads(re.search(r'<script type="application/json" id="frugal-data">(.*?)</script>', page, re.S).group(1))
+view = data["traces"][0]
+assert view["steps_peak"]["bytes"] == traced["peak_bytes"] and view["steps_peak"]["covers"] == "steps 0-5", view["steps_peak"]
+PY
+then pass=$((pass + 1)); else echo "FAIL: with and without --trace-out, the trace and the page disagree"; failed=$((failed + 1)); fi
 printf '{"events": [{"time_us": 1}]}' > "$tmp/bad_trace.json"
 expect 2 "missing key 'action'" -- report "$tmp/bad_trace.json" --memory-viz "$tmp/x.pickle"
 

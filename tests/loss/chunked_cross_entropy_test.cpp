@@ -6,6 +6,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "frugal/loss/chunked_cross_entropy.h"
+#include "frugal/memory/tracker.h"
 
 using namespace frugal;
 using loss::ChunkedCrossEntropyOptions;
@@ -76,4 +77,36 @@ TEST(ChunkedCrossEntropy, BadInputIsAClearError) {
   EXPECT_THROW(loss::chunked_cross_entropy(hidden, weight, at::Tensor(), at::tensor({1, 2, 3, 4}, at::kLong),
                                            ChunkedCrossEntropyOptions().chunk_size(0)),
                c10::Error);
+}
+
+TEST(ChunkedCrossEntropy, BytesFormulaMatchesTheTracker) {
+  const int64_t N = 64, H = 16, V = 200, chunk = 24;
+  const at::Tensor hidden = at::randn({N, H}).requires_grad_();
+  const at::Tensor weight = at::randn({V, H}).requires_grad_();
+  const at::Tensor targets = at::randint(0, V, {N}, at::kLong);
+  const auto b = loss::chunked_cross_entropy_bytes(N, H, V, chunk, at::kFloat);
+  auto tracker = memory::Tracker::create();
+  memory::TrackingGuard on(tracker);
+  memory::mark_step(0);
+  at::Tensor l;
+  {
+    memory::PhaseScope fw(memory::Phase::forward);
+    l = loss::chunked_cross_entropy(hidden, weight, at::Tensor(), targets, loss::ChunkedCrossEntropyOptions().chunk_size(chunk));
+  }
+  const auto after_forward = tracker->step_summaries().back();
+  const int64_t kept = tracker->live_by_category()[static_cast<int>(memory::Category::activation)];
+  EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(b.kept), 0.05 * static_cast<double>(b.kept) + 64);
+  EXPECT_NEAR(static_cast<double>(after_forward.breakdown[static_cast<int>(memory::Category::temporary)]),
+              static_cast<double>(b.forward_temporary), 0.10 * static_cast<double>(b.forward_temporary));
+  memory::mark_step(1);
+  {
+    memory::PhaseScope bw(memory::Phase::backward);
+    l.backward();
+  }
+  const auto backward = tracker->step_summaries().back();
+  // Here hidden is a leaf, so its gradient (an intermediate inside a model: part of
+  // backward_temporary) stays, like the weight's, as 'other': nothing tags leaves' gradients here.
+  EXPECT_NEAR(static_cast<double>(backward.breakdown[static_cast<int>(memory::Category::temporary)] + N * H * 4),
+              static_cast<double>(b.backward_temporary), 0.10 * static_cast<double>(b.backward_temporary));
+  EXPECT_EQ(backward.breakdown[static_cast<int>(memory::Category::other)], b.weight_gradient + N * H * 4);
 }

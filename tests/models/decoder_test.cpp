@@ -5,6 +5,8 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
+#include "frugal/memory/tracker.h"
+#include "frugal/models/activation_bytes.h"
 #include "frugal/models/decoder.h"
 
 using namespace frugal;
@@ -140,4 +142,53 @@ TEST(Decoder, RunsInBFloat16) {
   loss.backward();
   EXPECT_EQ(m->named_parameters()["model.embed_tokens.weight"].grad().scalar_type(), at::kBFloat16);
   EXPECT_TRUE(std::isfinite(loss.item<double>()));
+}
+
+TEST(Decoder, ParameterNumelsAndKeptBytesMatchTheModel) {
+  for (const char* arch : {"llama", "gpt2"}) {
+    for (bool tied : {true, false}) {
+      SCOPED_TRACE(std::string(arch) + (tied ? " tied" : " untied"));
+      models::DecoderConfig c;
+      c.arch = arch;
+      c.vocab_size = 96;
+      c.dim = 32;
+      c.n_layers = 2;
+      c.n_heads = 4;
+      c.n_kv_heads = std::string(arch) == "llama" ? 2 : 4;
+      c.ffn_dim = 64;
+      c.max_seq_len = 16;
+      c.tie_embeddings = tied;
+      auto model = models::make_decoder(c);
+      std::vector<int64_t> real;
+      for (const auto& p : model->parameters()) real.push_back(p.numel());
+      EXPECT_EQ(models::parameter_numels(c), real);
+      int64_t sum = 0;
+      for (int64_t n : real) sum += n;
+      EXPECT_EQ(sum, c.param_count());
+    }
+  }
+  // What one plain llama block keeps, measured with the tracker, against block_plain.
+  models::DecoderConfig c;
+  c.vocab_size = 64;
+  c.dim = 32;
+  c.n_layers = 1;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 64;
+  c.max_seq_len = 16;
+  auto model = models::make_decoder(c);
+  const at::Tensor x = model->embed(at::randint(0, 64, {2, 16}, at::kLong)).detach().requires_grad_();
+  const auto chain = model->chain();
+  auto tracker = memory::Tracker::create();
+  at::Tensor y;
+  {
+    memory::TrackingGuard on(tracker);
+    memory::PhaseScope fw(memory::Phase::forward);
+    y = chain[0].forward(x);
+  }
+  const int64_t kept = tracker->live_by_category()[static_cast<int>(memory::Category::activation)];
+  const auto a = models::decoder_activation_bytes(c, 2, 16, at::kFloat, models::LossOptions());
+  // block_plain counts the block's input (kept by its first norm) too, which was made outside.
+  EXPECT_NEAR(static_cast<double>(kept + a.block_input) / static_cast<double>(a.block_plain), 1.0, 0.05)
+      << "measured " << kept << " + input " << a.block_input << " vs formula " << a.block_plain;
 }

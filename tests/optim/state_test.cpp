@@ -129,6 +129,42 @@ TEST(OptimizerState, BytesPerParameterByPrecision) {
   }
 }
 
+TEST(OptimizerState, BytesFormulaEqualsWhatTheTrackerSees) {
+  // state_bytes_for_parameter and shared_code_table_bytes (what the estimate adds up) against the
+  // tracker, for every precision and placement: the same bytes, mapped files included.
+  for (StatePrecision p : kAllStatePrecisions) {
+    for (StatePlacement where : kAllStatePlacements) {
+      SCOPED_TRACE(std::string(precision_name(p)) + " " + placement_name(where));
+      auto tracker = memory::Tracker::create();
+      memory::TrackingGuard on(tracker);
+      Mlp m(1, 192);  // biases of 192 and 384 values keep fp32 state under the small-tensor rule
+      OptimizerOptions o = adamw(p, where);
+      o.state().mmap_dir(::testing::TempDir());
+      std::vector<int64_t> numels;
+      int64_t expected = 0;
+      for (const auto& t : m.parameters()) {
+        numels.push_back(t.numel());
+        expected += state_bytes_for_parameter(t.numel(), t.scalar_type(), o).total;
+      }
+      {
+        Optimizer opt(m.named_parameters(), o);
+        train(m, opt, {at::randn({8, 192})});
+        const auto live = tracker->live_by_category();
+        EXPECT_EQ(live[static_cast<int>(memory::Category::optimizer_state)], expected);
+        EXPECT_EQ(opt.state_bytes(), expected - 0);
+        EXPECT_EQ(live[static_cast<int>(memory::Category::other)], shared_code_table_bytes(numels, o));
+      }
+      // Freed with the optimizer, the code tables too.
+      EXPECT_EQ(tracker->live_by_category()[static_cast<int>(memory::Category::optimizer_state)], 0);
+      EXPECT_EQ(tracker->live_by_category()[static_cast<int>(memory::Category::other)], 0);
+    }
+  }
+  EXPECT_EQ(state_buffer_bytes(1000, StateOptions().precision(StatePrecision::int8)).total, 4000);  // small: fp32
+  EXPECT_EQ(state_buffer_bytes(5000, StateOptions().precision(StatePrecision::int8)).total, 20 * 256 + 20 * 4);
+  EXPECT_EQ(state_buffer_bytes(5000, StateOptions().precision(StatePrecision::int4).placement(StatePlacement::mmap)).in_files,
+            40 * 128 / 2);
+}
+
 TEST(OptimizerState, MmapAndHostStateEqualInMemoryState) {
   const auto xs = data(20);
   for (StatePrecision p : {StatePrecision::fp32, StatePrecision::int8, StatePrecision::int4}) {
