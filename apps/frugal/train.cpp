@@ -3,15 +3,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/bench/hardware.h"
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
 #include "frugal/memory/trace.h"
+#include "frugal/models/activation_bytes.h"
 #include "frugal/train/trainer.h"
 #include "train_progress.h"
 
@@ -78,6 +81,45 @@ void print_estimate_table(std::ostream& out, const char* title, const train::Mem
   }
   row("peak", e.peak_bytes, measured ? measured->peak_bytes : 0);
   out << "  (estimated at: " << e.peak_at << ")\n";
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), s < 10 ? "%.2f s" : "%.1f s", s);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The median step and its parts, one value per part (medians of each).
+train::StepTiming median_timing(const std::vector<train::StepTiming>& t) {
+  auto part = [&](double train::StepTiming::*field) {
+    std::vector<double> v;
+    for (const auto& s : t) v.push_back(s.*field);
+    return median(v);
+  };
+  train::StepTiming m;
+  m.forward_s = part(&train::StepTiming::forward_s);
+  m.backward_s = part(&train::StepTiming::backward_s);
+  m.optimizer_s = part(&train::StepTiming::optimizer_s);
+  m.total_s = part(&train::StepTiming::total_s);
+  return m;
+}
+
+// Matrix-product work of one training step: forward, backward (twice forward), and one more
+// forward of every recomputed block.
+double step_flops(const train::Recipe& r, int64_t vocab) {
+  models::DecoderConfig c = r.model;
+  c.vocab_size = vocab;
+  const models::DecoderFlops f = models::decoder_flops(c, r.batch_size, r.seq_len);
+  int64_t recomputed = 0;
+  for (int64_t i = 0; i < c.n_layers; ++i) recomputed += r.checkpointing.checkpoints(i) ? 1 : 0;
+  return 3 * f.forward + static_cast<double>(recomputed) * f.block_forward;
 }
 
 }  // namespace
@@ -208,6 +250,31 @@ int run_train(int argc, char** argv) {
   print_state_placement(summary, recipe, result.estimate);
   summary << "estimated peak of the same job with every technique off: " << io::human_bytes(result.estimate_plain.peak_bytes)
           << " (measured peak is " << io::human_bytes(result.peak.peak_bytes) << ")\n";
+  // What the tracker does not see: the kernel's count of the process against the tracked peak.
+  const bench::ProcessMemory proc = bench::process_memory();
+  summary << "process peak resident memory " << io::human_bytes(proc.peak_rss) << " (VmHWM) against the tracker's peak "
+          << io::human_bytes(result.peak.peak_bytes) << ": the " << io::human_bytes(proc.peak_rss - result.peak.peak_bytes)
+          << " besides are what no tensor allocation holds (now: " << io::human_bytes(proc.file)
+          << " of mapped files, i.e. code, LibTorch's libraries and mapped optimizer state; "
+          << io::human_bytes(proc.anon) << " anonymous, of which the tracker holds "
+          << io::human_bytes(result.tracker->live_bytes()) << ", the rest the C++ heap, oneDNN and OpenMP scratch)\n";
+  const train::StepTiming step = median_timing(result.timings);
+  double step_gflops = 0, matmul_gflops = 0;
+  if (!result.timings.empty()) {
+    step_gflops = step_flops(recipe, result.vocab_size) / std::max(step.total_s, 1e-9) / 1e9;
+    summary << "step time (median of " << result.timings.size() << "): " << format_seconds(step.total_s) << " = forward "
+            << format_seconds(step.forward_s) << " + backward with recompute " << format_seconds(step.backward_s)
+            << " + optimizer (state included) " << format_seconds(step.optimizer_s) << " + the rest";
+    if (step.total_s >= 1.0 && recipe.device.is_cpu()) {  // worth half a second of measuring
+      matmul_gflops = recipe.dtype == at::kBFloat16 ? bench::measure_bf16_matmul_gflops(1024, 0.5)
+                                                    : bench::measure_matmul_gflops(1024, 0.5);
+      char line[160];
+      std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)",
+                    step_gflops, 100 * step_gflops / std::max(matmul_gflops, 1e-9), train::dtype_name(recipe.dtype), matmul_gflops);
+      summary << line;
+    }
+    summary << "\n";
+  }
   summary << "checkpoint: " << result.checkpoint << "\n";
   if (!result.sample.empty()) summary << "sample: " << result.sample << "\n";
   std::cout << summary.str();
@@ -228,6 +295,11 @@ int run_train(int argc, char** argv) {
     w.key("peak_covers").begin_object().key("first_step").value(result.peak.covers_first_step);
     w.key("last_step").value(result.peak.covers_last_step).end_object();
     w.key("peak_step").value(result.peak.peak_step).key("peak_phase").value(memory::phase_name(result.peak.peak_phase));
+    w.key("peak_rss_bytes").value(proc.peak_rss);
+    w.key("step_time_s").value(step.total_s).key("step_time_breakdown_s").begin_object();
+    w.key("forward").value(step.forward_s).key("backward_with_recompute").value(step.backward_s);
+    w.key("optimizer").value(step.optimizer_s).end_object();
+    w.key("achieved_gflops").value(step_gflops).key("matmul_gflops").value(matmul_gflops);
     w.key("by_category").begin_object();
     for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);
     w.end_object().key("estimate");

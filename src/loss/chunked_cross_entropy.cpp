@@ -59,8 +59,12 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     if (ctx->saved_data["mean"].toBool()) scale = scale / count;
     const int64_t N = hidden.size(0);
     at::Tensor grad_hidden = ctx->needs_input_grad(0) ? at::empty_like(hidden) : at::Tensor();
-    at::Tensor grad_weight = ctx->needs_input_grad(1) ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
-                                                      : at::Tensor();
+    // Over several chunks the weight's gradient is summed in fp32; with one chunk it is made in the
+    // weight's dtype directly (for bf16 weights, no fp32 copy of a (V, H) matrix).
+    const bool one_chunk = N <= chunk;
+    at::Tensor grad_weight = ctx->needs_input_grad(1) && !one_chunk
+                                 ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
+                                 : at::Tensor();
     at::Tensor grad_bias = (bias.defined() && ctx->needs_input_grad(2))
                                ? at::zeros(bias.sizes(), bias.options().dtype(at::kFloat))
                                : at::Tensor();
@@ -72,8 +76,16 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       const at::Tensor v = valid.slice(0, begin, end).to(at::kFloat).unsqueeze(1);  // (n, 1)
       p.scatter_add_(1, safe_targets.slice(0, begin, end).unsqueeze(1), -v);     // - onehot
       p.mul_(v * scale);                                                         // (n, V)
-      if (grad_hidden.defined()) grad_hidden.slice(0, begin, end).copy_(p.mm(weight.to(at::kFloat)));  // (n, H)
-      if (grad_weight.defined()) grad_weight.addmm_(p.t(), h.to(at::kFloat));   // (V, H)
+      // The products in the weight's dtype: no fp32 copy of a bf16 (V, H) weight.
+      const at::Tensor p_w = p.scalar_type() == weight.scalar_type() ? p : p.to(weight.scalar_type());  // (n, V)
+      if (grad_hidden.defined()) grad_hidden.slice(0, begin, end).copy_(p_w.mm(weight));  // (n, H)
+      if (ctx->needs_input_grad(1)) {
+        if (one_chunk) {
+          grad_weight = p_w.t().mm(h);                                             // (V, H)
+        } else {
+          grad_weight.addmm_(p.t(), h.to(at::kFloat));                           // (V, H)
+        }
+      }
       if (grad_bias.defined()) grad_bias.add_(p.sum(0));
     }
     if (grad_weight.defined()) grad_weight = grad_weight.to(weight.scalar_type());
@@ -114,8 +126,13 @@ ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64
   ChunkedCrossEntropyBytes b;
   b.kept = N * (4 + 8 + 1);                                  // lse (fp32), safe_targets (int64), valid (bool)
   b.forward_temporary = 2 * n * V * 4 + low_precision_logits;  // logits and logsumexp's exp(logits - max)
-  b.backward_temporary = n * V * 4 + low_precision_logits + N * H * e + n * H * 4;  // p, grad_hidden, p.mm(w)
-  b.weight_gradient = V * H * 4;
+  // p (fp32) and its copy in the weight's dtype, grad_hidden, one chunk's product p @ weight
+  b.backward_temporary = n * V * 4 + low_precision_logits + N * H * e + n * H * e;
+  if (N <= chunk_size) {
+    b.weight_gradient = V * H * e;  // made in the weight's dtype from one chunk
+  } else {
+    b.weight_gradient = V * H * 4;  // summed in fp32 over the chunks (then rounded to the weight's dtype)
+  }
   return b;
 }
 

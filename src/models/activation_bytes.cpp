@@ -50,6 +50,17 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   return a;
 }
 
+DecoderFlops decoder_flops(const DecoderConfig& c, int64_t batch, int64_t seq) {
+  const double BT = static_cast<double>(batch * seq), d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
+  const double kv = static_cast<double>(c.n_kv_heads * c.head_dim()), T = static_cast<double>(seq);
+  // 2 flops per multiply-add: projections, the MLP, then scores and the weighted sum over T keys.
+  const double weights = c.arch == "gpt2" ? 4 * d * d + 2 * d * f : 2 * d * d + 2 * d * kv + 3 * d * f;
+  DecoderFlops out;
+  out.block_forward = 2 * BT * weights + 4 * BT * T * d;
+  out.forward = static_cast<double>(c.n_layers) * out.block_forward + 2 * BT * d * static_cast<double>(c.vocab_size);
+  return out;
+}
+
 std::vector<int64_t> parameter_numels(const DecoderConfig& c) {
   const int64_t d = c.dim, f = c.ffn_dim, kv = c.n_kv_heads * c.head_dim();
   std::vector<int64_t> out;

@@ -1,5 +1,6 @@
 #include "frugal/models/decoder.h"
 
+#include <c10/core/DefaultDtype.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/loss.h>
 
@@ -178,24 +179,28 @@ struct LlamaModelImpl : torch::nn::Module {
   torch::nn::ModuleList layers;
   RMSNorm norm{nullptr};
   std::vector<LlamaDecoderLayer> blocks;
-  explicit LlamaModelImpl(const DecoderConfig& c) {
+  LlamaModelImpl(const DecoderConfig& c, c10::Device device) {
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.dim));
+    embed_tokens->to(device);  // each piece goes to the device as it is made: the host holds one at most
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.n_layers; ++i) {
       blocks.emplace_back(c);
+      blocks.back()->to(device);
       layers->push_back(blocks.back());
     }
     norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
+    norm->to(device);
   }
 };
 TORCH_MODULE(LlamaModel);
 
 class LlamaForCausalLM : public DecoderImpl {
  public:
-  explicit LlamaForCausalLM(const DecoderConfig& c) : DecoderImpl(c) {
-    model = register_module("model", LlamaModel(c));
+  LlamaForCausalLM(const DecoderConfig& c, c10::Device device) : DecoderImpl(c) {
+    model = register_module("model", LlamaModel(c, device));
     if (!c.tie_embeddings) {
       lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
+      lm_head->to(device);
     }
     init_weights();
   }
@@ -265,23 +270,27 @@ struct GPT2ModelImpl : torch::nn::Module {
   torch::nn::ModuleList h;
   torch::nn::LayerNorm ln_f{nullptr};
   std::vector<GPT2Block> blocks;
-  explicit GPT2ModelImpl(const DecoderConfig& c) {
+  GPT2ModelImpl(const DecoderConfig& c, c10::Device device) {
     wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.dim));
+    wte->to(device);
     wpe = register_module("wpe", torch::nn::Embedding(c.max_seq_len, c.dim));
+    wpe->to(device);
     h = register_module("h", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.n_layers; ++i) {
       blocks.emplace_back(c);
+      blocks.back()->to(device);
       h->push_back(blocks.back());
     }
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
+    ln_f->to(device);
   }
 };
 TORCH_MODULE(GPT2Model);
 
 class GPT2LMHead : public DecoderImpl {
  public:
-  explicit GPT2LMHead(const DecoderConfig& c) : DecoderImpl(c) {
-    transformer = register_module("transformer", GPT2Model(c));
+  GPT2LMHead(const DecoderConfig& c, c10::Device device) : DecoderImpl(c) {
+    transformer = register_module("transformer", GPT2Model(c, device));
     at::NoGradGuard no_grad;
     for (auto& p : named_parameters()) {
       if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);
@@ -341,11 +350,36 @@ at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.ignore_index()));
 }
 
-Decoder make_decoder(const DecoderConfig& config) {
+namespace {
+
+// Makes tensors created without a dtype (every module's parameters) take `dtype` until destroyed.
+class DefaultDtypeGuard {
+ public:
+  explicit DefaultDtypeGuard(at::ScalarType dtype) : previous_(c10::get_default_dtype()) {
+    c10::set_default_dtype(c10::scalarTypeToTypeMeta(dtype));
+  }
+  ~DefaultDtypeGuard() { c10::set_default_dtype(previous_); }
+  DefaultDtypeGuard(const DefaultDtypeGuard&) = delete;
+  DefaultDtypeGuard& operator=(const DefaultDtypeGuard&) = delete;
+
+ private:
+  caffe2::TypeMeta previous_;
+};
+
+}  // namespace
+
+Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& options) {
   const std::string invalid = config.validate();
   if (!invalid.empty()) throw std::invalid_argument("model config: " + invalid);
-  if (config.arch == "gpt2") return std::make_shared<GPT2LMHead>(config);
-  return std::make_shared<LlamaForCausalLM>(config);
+  const at::ScalarType dtype = options.has_dtype() ? c10::typeMetaToScalarType(options.dtype()) : at::kFloat;
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "make_decoder: parameters must be fp32, bf16 or fp16, got ", dtype);
+  // Every parameter is made in its dtype and moved to the device block by block: no fp32 copy of
+  // the model, and no host copy of a GPU model, ever exists.
+  DefaultDtypeGuard in_dtype(dtype);
+  const c10::Device device = options.device();
+  if (config.arch == "gpt2") return std::make_shared<GPT2LMHead>(config, device);
+  return std::make_shared<LlamaForCausalLM>(config, device);
 }
 
 }  // namespace models

@@ -150,7 +150,14 @@ void load_hf_weights(DecoderImpl& model, const std::string& dir) {
   };
   const std::string arch = model.config().arch;
   std::vector<std::string> missing, wrong;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (parameter, loaded)
+  struct Source {
+    at::Tensor param;
+    io::SafetensorsReader* reader;
+    std::string name;     // in the file
+    bool transposed;      // GPT-2's Conv1D weights are stored (in, out)
+  };
+  std::vector<Source> sources;
+  // Every name and shape is checked against the files' headers before a byte of data is read.
   for (const auto& item : model.named_parameters()) {
     std::string name = item.key();
     io::SafetensorsReader* r = reader_for(name);
@@ -162,15 +169,16 @@ void load_hf_weights(DecoderImpl& model, const std::string& dir) {
       missing.push_back(item.key());
       continue;
     }
-    at::Tensor t = r->load(name);
-    if (is_conv1d(arch, name) && t.dim() == 2) t = t.t();
-    if (!t.sizes().equals(item.value().sizes())) {
+    std::vector<int64_t> shape = r->find(name)->shape;
+    const bool transposed = is_conv1d(arch, name) && shape.size() == 2;
+    if (transposed) std::swap(shape[0], shape[1]);
+    if (!item.value().sizes().equals(shape)) {
       std::ostringstream m;
-      m << item.key() << " " << t.sizes() << " in the file vs " << item.value().sizes() << " in the model";
+      m << item.key() << " " << at::IntArrayRef(shape) << " in the file vs " << item.value().sizes() << " in the model";
       wrong.push_back(m.str());
       continue;
     }
-    copies.emplace_back(item.value(), t);
+    sources.push_back({item.value(), r, name, transposed});
   }
   if (!missing.empty() || !wrong.empty()) {
     std::ostringstream m;
@@ -188,8 +196,13 @@ void load_hf_weights(DecoderImpl& model, const std::string& dir) {
     }
     throw std::invalid_argument(m.str());
   }
+  // One tensor at a time: read it, convert it into the parameter (dtype and device), drop it. The
+  // peak is the parameters plus the largest tensor.
   at::NoGradGuard no_grad;
-  for (auto& [param, loaded] : copies) param.copy_(loaded);
+  for (Source& src : sources) {
+    at::Tensor t = src.reader->load(src.name);
+    src.param.copy_(src.transposed ? t.t() : t);
+  }
 }
 
 void save_hf_checkpoint(DecoderImpl& model, const std::string& dir, int64_t max_shard_bytes) {

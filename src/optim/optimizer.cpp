@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -88,8 +89,11 @@ struct Optimizer::Impl {
 
   void update(Param& p, const at::Tensor& grad) {
     memory::CategoryScope scope(memory::Category::optimizer_state);
+    const auto t0 = std::chrono::steady_clock::now();
     apply_update(hyper(p.group), p.state, p.tensor, grad);
+    update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  double update_seconds = 0;
 
   // The gradient of params[i] is complete (autograd accumulated it): it is a gradient from its
   // allocation on, for the tracker; in in-backward mode it is used and freed now.
@@ -308,6 +312,7 @@ void Optimizer::set_lr(size_t group, double lr) {
   impl_->group_lr.at(group) = lr;
 }
 double Optimizer::last_grad_norm() const { return impl_->last_grad_norm; }
+double Optimizer::update_seconds() const { return impl_->update_seconds; }
 int64_t Optimizer::steps_taken() const { return impl_->steps_taken; }
 
 TensorDict Optimizer::state_dict() const {
@@ -446,6 +451,16 @@ StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, 
   b.total = 2 * one.total;
   b.in_files = 2 * one.in_files;
   return b;
+}
+
+int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, const OptimizerOptions& o) {
+  const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
+  if (o.algorithm() == Algorithm::sgd) return 0;
+  const bool buffered = o.state().precision() != StatePrecision::fp32 || o.state().placement() != StatePlacement::device ||
+                        (o.stochastic_rounding() && dtype == at::kBFloat16);
+  if (!buffered) return 2 * numel * e;
+  // fp32 chunks: parameter, gradient, m, v, the update, and the noise of stochastic rounding (measured: 23 B a value)
+  return std::min(numel, o.state().chunk_elements()) * 24;
 }
 
 int64_t shared_code_table_bytes(const std::vector<int64_t>& numels, const OptimizerOptions& o) {

@@ -135,8 +135,9 @@ QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is
   const auto u8 = at::TensorOptions().dtype(at::kByte).device(device);
   const int64_t zero_code = at::searchsorted(boundaries_, at::zeros({1}, map_.options())).item<int64_t>();
   const int64_t padded = blocks * block;
-  at::Tensor zeros = at::full({padded}, zero_code, u8);
-  codes_ = bits == 8 ? zeros : (zeros.view({-1, 2}).select(1, 0) | at::bitwise_left_shift(zeros.view({-1, 2}).select(1, 1), 4)).contiguous();
+  // 4-bit codes two to a byte (low nibble first): the packed zero is made directly, with no
+  // one-byte-per-value buffer on the way (that was a transient as large as the parameter).
+  codes_ = bits == 8 ? at::full({padded}, zero_code, u8) : at::full({padded / 2}, zero_code | (zero_code << 4), u8);
   absmax_ = at::zeros({blocks}, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 

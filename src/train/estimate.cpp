@@ -137,6 +137,13 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
     moments.push_back({"backward of block " + std::to_string(s->end - 1), prefix + live,
                        a.block_backward_working_set + pending_head_grad,
                        a.block_largest_matrix + (in_backward ? 0 : later_grads)});
+    // In-backward mode, a checkpointed segment's backward hands every parameter's gradient over at
+    // once (the recompute's autograd::grad), and they are updated one by one while the rest wait.
+    if (in_backward && s->checkpointed) {
+      moments.push_back({"updates after block " + std::to_string(s->begin) + "'s backward", prefix,
+                         optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.optimizer),
+                         (s->end - s->begin) * a.block_params});
+    }
     later_grads += (s->end - s->begin) * a.block_params;
   }
   //  the optimizer step after a standard backward: every gradient and one parameter-sized temporary.

@@ -217,7 +217,8 @@ class Trainer {
     torch::manual_seed(static_cast<uint64_t>(r_.seed));
     {
       memory::CategoryScope scope(memory::Category::parameter);
-      model_ = models::make_decoder(cfg_);
+      // Made in its dtype on its device (no fp32 or host copy of the whole model).
+      model_ = models::make_decoder(cfg_, at::TensorOptions().dtype(r_.dtype).device(r_.device));
       if (!r_.init_from.empty()) {
         const auto file_cfg = models::read_hf_config(r_.init_from + "/config.json");
         if (file_cfg.param_count() != cfg_.param_count()) {
@@ -225,9 +226,9 @@ class Trainer {
         }
         models::load_hf_weights(*model_, r_.init_from);
       }
-      model_->to(r_.device, r_.dtype);
     }
     result_.n_params = cfg_.param_count();
+    result_.vocab_size = cfg_.vocab_size;
     optimizer_ = std::make_unique<optim::Optimizer>(param_groups(*model_), r_.optimizer);
     schedule_ = std::make_unique<optim::LRScheduler>(*optimizer_, optim::ScheduleOptions(r_.schedule).total_steps(r_.steps));
   }
@@ -287,18 +288,26 @@ class Trainer {
 
   // Forward, backward and the optimizer step on the step's batch; returns the loss.
   double train_step(int64_t step) {
+    const auto t0 = Clock::now();
+    auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+    StepTiming timing;
+    const double update_before = optimizer_->update_seconds();
     memory::mark_step(step);
     const auto [x, y] = batch(step);
     at::Tensor loss;
     try {
       {
         memory::PhaseScope fw(memory::Phase::forward);
+        const auto t = Clock::now();
         loss = model_->loss(x, y, r_.loss);
+        timing.forward_s = seconds_since(t);
       }
       check_memory_limit();
       {
         memory::PhaseScope bw(memory::Phase::backward);
+        const auto t = Clock::now();
         optimizer_->backward(loss);
+        timing.backward_s = seconds_since(t);
       }
       check_memory_limit();
       {
@@ -316,6 +325,10 @@ class Trainer {
     loss.reset();
     if (!std::isfinite(value)) throw std::runtime_error("the loss became " + std::to_string(value) + " at step " + std::to_string(step));
     result_.losses.push_back(value);
+    timing.optimizer_s = optimizer_->update_seconds() - update_before;
+    if (r_.in_backward()) timing.backward_s = std::max(0.0, timing.backward_s - timing.optimizer_s);
+    timing.total_s = seconds_since(t0);
+    result_.timings.push_back(timing);
     return value;
   }
 

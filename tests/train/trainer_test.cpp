@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include "frugal/memory/trace.h"
+#include "frugal/models/activation_bytes.h"
+#include "frugal/memory/tracker.h"
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/run_state.h"
 #include "frugal/train/trainer.h"
@@ -196,4 +198,57 @@ TEST(Trainer, MetricsFileIsClosedWhenTheRunStopsOnAMemoryLimit) {
   struct stat st {};
   ASSERT_EQ(::stat(metrics.c_str(), &st), 0);
   EXPECT_EQ(open_descriptors_of(metrics), 0);
+}
+
+namespace {
+
+// The llama2-7b-cpu recipe at its real width (dim 4096, ffn 11008, vocab 32000) with two layers:
+// 0.67B parameters, the path the 7B run takes, small enough for CI.
+train::Recipe seven_b_width(const std::string& run, std::vector<std::string> o = {}) {
+  const std::string base = ::testing::TempDir() + "/frugal_train";
+  ::mkdir(base.c_str(), 0755);
+  o.insert(o.begin(), {"data.tokenizer=" + base + "/tok32000.model", "data.tokens=" + base + "/f32000.tokens",
+                       "train.out_dir=" + base + "/" + run, "model.n_layers=2", "train.seq_len=32", "train.steps=3",
+                       "train.checkpoint_interval=0", "train.log_interval=100"});
+  return train::load_recipe(std::string(FRUGAL_SOURCE_DIR) + "/recipes/llama2-7b-cpu.yaml", o);
+}
+
+}  // namespace
+
+TEST(Trainer, SevenBillionWidthTwoLayersMatchesItsEstimateAndResumesExactly) {
+  const auto recipe = seven_b_width("7b-width");
+  const auto r = train::run_training(recipe, train::TrainOptions().sample(false), quiet);
+  EXPECT_GT(r.n_params, 600000000);
+  const double ratio = static_cast<double>(r.estimate.peak_bytes) / static_cast<double>(r.peak.peak_bytes);
+  EXPECT_NEAR(ratio, 1.0, 0.10) << "estimated " << r.estimate.peak_bytes << " measured " << r.peak.peak_bytes;
+  std::printf("[ estimate ] 7B width, 2 layers: %.3f (at %s)\n", ratio, r.estimate.peak_at.c_str());
+  for (auto c : memory::kAllCategories) {
+    const int i = static_cast<int>(c);
+    const double est = static_cast<double>(r.estimate.by_category[i]), meas = static_cast<double>(r.peak.breakdown[i]);
+    if (std::max(est, meas) < 0.05 * static_cast<double>(r.peak.peak_bytes)) continue;
+    EXPECT_NEAR(est / std::max(meas, 1.0), 1.0, 0.15) << memory::category_name(c) << ": estimated " << est << " measured " << meas;
+  }
+  // Building the model never held more than its parameters and one tensor besides: the tracker's
+  // whole-run peak minus the steps' peak is not a concern here, so measure the build alone.
+  {
+    models::DecoderConfig c = recipe.model;
+    c.vocab_size = r.vocab_size;
+    int64_t largest = 0;
+    for (int64_t n : models::parameter_numels(c)) largest = std::max(largest, n);
+    auto tracker = memory::Tracker::create();
+    memory::TrackingGuard on(tracker);
+    auto model = models::make_decoder(c, at::TensorOptions().dtype(at::kBFloat16));
+    const double bound = 1.05 * static_cast<double>((c.param_count() + largest) * 2);
+    EXPECT_LE(static_cast<double>(tracker->peak_bytes()), bound) << "building held more than the parameters and one tensor";
+    EXPECT_EQ(tracker->live_bytes(), c.param_count() * 2);
+  }
+  // Stopped after step 2 and resumed: the same third loss, bit for bit.
+  const auto resumed_recipe = seven_b_width("7b-width-resumed");
+  const auto part1 = train::run_training(resumed_recipe, train::TrainOptions().sample(false).stop_after(2), quiet);
+  const auto part2 = train::run_training(resumed_recipe, train::TrainOptions().sample(false).resume(true), quiet);
+  ASSERT_EQ(part1.losses.size(), 2u);
+  ASSERT_EQ(part2.losses.size(), 1u);
+  EXPECT_EQ(part1.losses[0], r.losses[0]);
+  EXPECT_EQ(part1.losses[1], r.losses[1]);
+  EXPECT_EQ(part2.losses[0], r.losses[2]);
 }

@@ -34,7 +34,8 @@ struct ChunkedCrossEntropyBytes {
   int64_t kept = 0;                 // for backward: one fp32 log-sum-exp, target and flag per token
   int64_t forward_temporary = 0;    // at forward's peak: one chunk's fp32 logits and logsumexp's exp
   int64_t backward_temporary = 0;   // at backward's peak: a chunk's softmax, the hidden-state gradient
-  int64_t weight_gradient = 0;      // the weight's gradient, built up in fp32 over the chunks
+  int64_t weight_gradient = 0;      // the weight's gradient: summed in fp32 over several chunks, or made
+                                    // in the weight's dtype from one
 };
 ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size,
                                                      at::ScalarType dtype);

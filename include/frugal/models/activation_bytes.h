@@ -35,6 +35,15 @@ struct DecoderActivationBytes {
 DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& config, int64_t batch, int64_t seq,
                                                 at::ScalarType dtype, const LossOptions& loss);
 
+// Floating-point operations of the matrix products (and attention's two batched products) of one
+// forward pass over batch x seq tokens; a training step is 3x that, plus one more forward of every
+// recomputed block.
+struct DecoderFlops {
+  double forward = 0;        // the whole model, head included
+  double block_forward = 0;  // one block
+};
+DecoderFlops decoder_flops(const DecoderConfig& config, int64_t batch, int64_t seq);
+
 // The element count of each parameter, in the order make_decoder(config)->named_parameters() gives.
 std::vector<int64_t> parameter_numels(const DecoderConfig& config);
 

@@ -87,8 +87,10 @@ class DecoderImpl : public torch::nn::Module {
 
 using Decoder = std::shared_ptr<DecoderImpl>;
 
-// Builds the architecture the config names (throws std::invalid_argument for a bad config).
-Decoder make_decoder(const DecoderConfig& config);
+// Builds the architecture the config names (throws std::invalid_argument for a bad config), each
+// parameter made directly in options' dtype (default fp32) and moved to its device (default CPU)
+// block by block, so building never holds more than the parameters and one block besides.
+Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& options = {});
 
 // x: (..., dim) -> x / rms(x) * weight, computed in fp32 and returned in x's dtype
 class RMSNormImpl : public torch::nn::Module {

@@ -60,13 +60,25 @@ struct MemoryLimitExceeded : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Where one step's time went. In in-backward mode the optimizer's updates run inside backward;
+// they are counted in optimizer_s (state decode, update and encode, and for host or mapped state
+// its transfers and page faults) and left out of backward_s.
+struct StepTiming {
+  double forward_s = 0;
+  double backward_s = 0;   // backward with the recompute of checkpointed blocks
+  double optimizer_s = 0;  // every parameter update of the step, wherever it ran
+  double total_s = 0;      // the whole step, batch and bookkeeping included
+};
+
 struct TrainResult {
   int64_t first_step = 0;          // 0, or the step resumed from
   int64_t last_step = 0;
   std::vector<double> losses;      // of the steps run here
+  std::vector<StepTiming> timings; // of the steps run here
   double val_loss = 0;             // at the end
   double tokens_per_s = 0;
   int64_t n_params = 0;
+  int64_t vocab_size = 0;          // the model's (the tokenizer's when the recipe says 0)
   memory::PeakReport peak;         // over every step run here (memory::peak_over_steps; covers_* say which)
   MemoryEstimate estimate;         // this recipe
   MemoryEstimate estimate_plain;   // the same job with the techniques off
