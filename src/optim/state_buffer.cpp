@@ -157,10 +157,10 @@ int64_t StateBuffer::bytes() const {
 
 void StateBuffer::save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const {
   if (quantized_) {
-    out[prefix + ".codes"] = quantized_->codes().to(at::kCPU);
-    out[prefix + ".absmax"] = quantized_->absmax().to(at::kCPU);
+    out[prefix + ".codes"] = quantized_->codes();
+    out[prefix + ".absmax"] = quantized_->absmax();
   } else {
-    out[prefix] = dense_.view(shape_).to(at::kCPU);
+    out[prefix] = dense_.view(shape_);
   }
 }
 

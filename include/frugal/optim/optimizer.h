@@ -114,6 +114,9 @@ class Optimizer {
   double last_grad_norm() const;
   int64_t steps_taken() const;  // completed updates
 
+  // The state by name (see TensorDict). The tensors are the live state, not copies (only the step
+  // counters are new): clone them to keep a snapshot past the next step, and use them only while
+  // the optimizer lives (mmap placement's live in its mapped files).
   TensorDict state_dict() const;
   // Loads state saved in either mode. Throws std::invalid_argument listing unknown names, missing
   // parameters and shape mismatches.

@@ -80,7 +80,8 @@ class StateBuffer {
   // The quantized form (8- and 4-bit precisions), for fused kernels; nullptr otherwise.
   QuantizedBuffer* quantized() { return quantized_.get(); }
 
-  // Saved as "<prefix>" (fp32/bf16, the parameter's shape) or "<prefix>.codes" + "<prefix>.absmax".
+  // Saved as "<prefix>" (fp32/bf16, the parameter's shape) or "<prefix>.codes" + "<prefix>.absmax":
+  // views of the live state on its device, not copies.
   void save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const;
   // Loads either form (a full tensor is quantized; codes and scales are dequantized when this
   // buffer is not quantized). Throws std::invalid_argument naming the prefix on a mismatch.
