@@ -59,6 +59,9 @@ struct StateBufferBytes {
   int64_t in_files = 0;
 };
 StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& options);
+// The bits (8 or 4) of saved codes and scales for `numel` values: the block geometry that `codes`
+// code bytes and `scales` absmax values imply, or 0 when they fit neither.
+int quantized_bits_of(int64_t numel, int64_t codes, int64_t scales);
 
 class StateBuffer {
  public:
