@@ -329,16 +329,35 @@ TensorDict Optimizer::state_dict() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const TensorDict& state) {
-  static const char* kFields[] = {"step",           "exp_avg",           "exp_avg_sq",           "momentum_buffer",
-                                  "exp_avg.codes",  "exp_avg.absmax",    "exp_avg_sq.codes",     "exp_avg_sq.absmax"};
+namespace {
+
+// The fields a parameter's state can have, as suffixes of its entries' names.
+const char* const kStateFields[] = {"step",          "exp_avg",        "exp_avg_sq",       "momentum_buffer",
+                                    "exp_avg.codes", "exp_avg.absmax", "exp_avg_sq.codes", "exp_avg_sq.absmax"};
+
+struct SourceEntry {
+  std::string name;  // in the source
+  at::IntArrayRef shape;
+};
+
+int64_t numel_of(at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+}  // namespace
+
+void Optimizer::load_state(const StateDictSource& source) {
   std::map<std::string, Impl::Param*> by_name;
   for (auto& p : impl_->params) by_name[p.name] = &p;
-  std::vector<std::string> unknown, bad_shape, missing;
-  std::map<std::string, std::map<std::string, at::Tensor>> parsed;
-  for (const auto& [key, tensor] : state) {
+  // 1. Everything that can be checked from names and shapes, before a byte of data is loaded.
+  std::vector<std::string> unknown, repeated, bad_shape, missing;
+  std::map<std::string, std::map<std::string, SourceEntry>> parsed;  // parameter -> field -> entry
+  for (const auto& [key, shape_vec] : source.entries) {
+    const at::IntArrayRef shape(shape_vec);
     bool matched = false;
-    for (const char* field : kFields) {
+    for (const char* field : kStateFields) {
       const std::string suffix = std::string(".") + field;
       if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
         const std::string name = key.substr(0, key.size() - suffix.size());
@@ -346,12 +365,17 @@ void Optimizer::load_state_dict(const TensorDict& state) {
         if (it == by_name.end()) break;
         matched = true;
         const std::string f(field);
-        if (f != "step" && f.find('.') == std::string::npos && !tensor.sizes().equals(it->second->tensor.sizes())) {
+        const at::IntArrayRef param_shape = it->second->tensor.sizes();
+        if (f == "step" && numel_of(shape) != 1) {
           std::ostringstream m;
-          m << key << " " << tensor.sizes() << " vs parameter " << it->second->tensor.sizes();
+          m << key << " " << shape << " vs a single count";
+          bad_shape.push_back(m.str());
+        } else if (f != "step" && f.find('.') == std::string::npos && !shape.equals(param_shape)) {
+          std::ostringstream m;
+          m << key << " " << shape << " vs parameter " << param_shape;
           bad_shape.push_back(m.str());
         }
-        parsed[name][field] = tensor;
+        if (!parsed[name].emplace(f, SourceEntry{key, shape}).second) repeated.push_back(key);
         break;
       }
     }
@@ -362,13 +386,22 @@ void Optimizer::load_state_dict(const TensorDict& state) {
     if (!fields.count("step")) missing.push_back(name + ".step");
     auto has = [&](const std::string& m) { return fields.count(m) || (fields.count(m + ".codes") && fields.count(m + ".absmax")); };
     if (adam && (!has("exp_avg") || !has("exp_avg_sq"))) missing.push_back(name + ".exp_avg/exp_avg_sq");
+    for (const std::string m : {"exp_avg", "exp_avg_sq"}) {
+      const auto codes = fields.find(m + ".codes"), absmax = fields.find(m + ".absmax");
+      if (codes == fields.end() || absmax == fields.end()) continue;
+      const int64_t n = by_name.at(name)->tensor.numel(), c = numel_of(codes->second.shape), a = numel_of(absmax->second.shape);
+      if (!quantized_bits_of(n, c, a)) {
+        bad_shape.push_back(name + "." + m + ": " + std::to_string(c) + " codes and " + std::to_string(a) +
+                            " scales fit no 8- or 4-bit blocks of " + std::to_string(n) + " values");
+      }
+    }
   }
-  if (!state.empty()) {
+  if (!source.entries.empty()) {
     for (const auto& p : impl_->params) {
       if (!parsed.count(p.name)) missing.push_back(p.name);
     }
   }
-  if (!unknown.empty() || !bad_shape.empty() || !missing.empty()) {
+  if (!unknown.empty() || !repeated.empty() || !bad_shape.empty() || !missing.empty()) {
     std::ostringstream m;
     m << "optimizer: the state does not match the parameters.";
     auto list = [&](const char* what, const std::vector<std::string>& items) {
@@ -379,48 +412,69 @@ void Optimizer::load_state_dict(const TensorDict& state) {
       m << ".";
     };
     list("Unknown entries", unknown);
+    list("Repeated entries", repeated);
     list("Wrong shapes", bad_shape);
     list("Missing", missing);
     throw std::invalid_argument(m.str());
   }
+  // 2. Parameter by parameter: load its entries, restore its state, drop them. The old state goes
+  // first, so old and new never exist together.
   at::NoGradGuard no_grad;
   memory::CategoryScope scope(memory::Category::optimizer_state);
-  for (auto& p : impl_->params) {
-    auto it = parsed.find(p.name);
-    p.state = ParamState();
-    if (it == parsed.end()) continue;
-    const auto& f = it->second;
-    const auto opts = p.tensor.options();
-    p.state.step = f.at("step").item<int64_t>();
-    const Hyper h = impl_->hyper(p.group);
-    if (adam && h.buffered(p.tensor)) {
-      std::map<std::string, at::Tensor> moments;
-      for (const auto& [k, t] : f) moments[k] = t;
-      p.state.m = std::make_shared<StateBuffer>(p.tensor, true, h.state);
-      p.state.v = std::make_shared<StateBuffer>(p.tensor, false, h.state);
-      try {
-        p.state.m->restore(moments, "exp_avg");
-        p.state.v->restore(moments, "exp_avg_sq");
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument("optimizer: parameter '" + p.name + "': " + e.what());
+  for (auto& p : impl_->params) p.state = ParamState();
+  try {
+    for (auto& p : impl_->params) {
+      auto it = parsed.find(p.name);
+      if (it == parsed.end()) continue;
+      TensorDict f;  // field -> tensor, this parameter's only
+      for (const auto& [field, entry] : it->second) {
+        at::Tensor t = source.load(entry.name);
+        if (!t.defined() || !t.sizes().equals(entry.shape)) {
+          std::ostringstream m;
+          m << "optimizer: state entry " << entry.name << " was listed as " << entry.shape << " but loaded as ";
+          if (t.defined()) m << t.sizes(); else m << "no tensor";
+          throw std::invalid_argument(m.str());
+        }
+        f[field] = std::move(t);
       }
-      continue;
+      const auto opts = p.tensor.options();
+      p.state.step = f.at("step").item<int64_t>();
+      const Hyper h = impl_->hyper(p.group);
+      if (adam && h.buffered(p.tensor)) {
+        p.state.m = std::make_shared<StateBuffer>(p.tensor, true, h.state);
+        p.state.v = std::make_shared<StateBuffer>(p.tensor, false, h.state);
+        try {
+          p.state.m->restore(f, "exp_avg");
+          p.state.v->restore(f, "exp_avg_sq");
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument("optimizer: parameter '" + p.name + "': " + e.what());
+        }
+        continue;
+      }
+      auto dense = [&](const std::string& m) {
+        if (f.count(m)) return f.at(m).to(opts, /*non_blocking=*/false, /*copy=*/true);
+        // codes and scales from a quantized optimizer: decode them
+        StateBuffer decoded(p.tensor, m == "exp_avg", StateOptions().precision(StatePrecision::fp32));
+        decoded.restore(f, m);
+        return decoded.load(0, p.tensor.numel(), p.tensor.device()).view(p.tensor.sizes()).to(opts, false, true);
+      };
+      if (adam) {
+        p.state.exp_avg = dense("exp_avg");
+        p.state.exp_avg_sq = dense("exp_avg_sq");
+      }
+      if (f.count("momentum_buffer")) p.state.momentum_buffer = f.at("momentum_buffer").to(opts, false, true);
     }
-    auto dense = [&](const std::string& m) {
-      if (f.count(m)) return f.at(m).to(opts, /*non_blocking=*/false, /*copy=*/true);
-      // codes and scales from a quantized optimizer: decode them
-      std::map<std::string, at::Tensor> moments;
-      for (const auto& [k, t] : f) moments[k] = t;
-      StateBuffer decoded(p.tensor, m == "exp_avg", StateOptions().precision(StatePrecision::fp32));
-      decoded.restore(moments, m);
-      return decoded.load(0, p.tensor.numel(), p.tensor.device()).view(p.tensor.sizes()).to(opts, false, true);
-    };
-    if (adam) {
-      p.state.exp_avg = dense("exp_avg");
-      p.state.exp_avg_sq = dense("exp_avg_sq");
-    }
-    if (f.count("momentum_buffer")) p.state.momentum_buffer = f.at("momentum_buffer").to(opts, false, true);
+  } catch (...) {
+    for (auto& p : impl_->params) p.state = ParamState();  // no half-restored state
+    throw;
   }
+}
+
+void Optimizer::load_state_dict(const TensorDict& state) {
+  StateDictSource source;
+  for (const auto& [name, tensor] : state) source.entries.emplace_back(name, tensor.sizes().vec());
+  source.load = [&state](const std::string& name) { return state.at(name); };
+  load_state(source);
 }
 
 int64_t Optimizer::state_bytes() const {

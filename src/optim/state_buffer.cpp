@@ -155,12 +155,20 @@ int64_t StateBuffer::bytes() const {
   return dense_.numel() * static_cast<int64_t>(dense_.element_size());
 }
 
+int quantized_bits_of(int64_t numel, int64_t codes, int64_t scales) {
+  for (auto [bits, block] : {std::make_pair(8, int64_t{256}), std::make_pair(4, int64_t{128})}) {
+    const int64_t blocks = (numel + block - 1) / block;
+    if (scales == blocks && codes == (bits == 8 ? blocks * block : blocks * block / 2)) return bits;
+  }
+  return 0;
+}
+
 void StateBuffer::save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const {
   if (quantized_) {
-    out[prefix + ".codes"] = quantized_->codes().to(at::kCPU);
-    out[prefix + ".absmax"] = quantized_->absmax().to(at::kCPU);
+    out[prefix + ".codes"] = quantized_->codes();
+    out[prefix + ".absmax"] = quantized_->absmax();
   } else {
-    out[prefix] = dense_.view(shape_).to(at::kCPU);
+    out[prefix] = dense_.view(shape_);
   }
 }
 
@@ -181,18 +189,9 @@ void StateBuffer::restore(const std::map<std::string, at::Tensor>& in, const std
     return;
   }
   // Another format: decode with the geometry the codes imply, then store in ours.
-  const int64_t blocks = a.numel();
-  int bits = 0;
-  int64_t block = 0;
-  for (auto [b, bl] : {std::make_pair(8, int64_t{256}), std::make_pair(4, int64_t{128})}) {
-    const int64_t expect_blocks = (numel_ + bl - 1) / bl;
-    const int64_t expect_codes = b == 8 ? expect_blocks * bl : expect_blocks * bl / 2;
-    if (blocks == expect_blocks && c.numel() == expect_codes) {
-      bits = b;
-      block = bl;
-    }
-  }
+  const int bits = quantized_bits_of(numel_, c.numel(), a.numel());
   if (!bits) throw std::invalid_argument("optimizer state " + prefix + " has codes and scales of the wrong size");
+  const int64_t block = bits == 8 ? 256 : 128;
   QuantizedBuffer other(numel_, bits, block, signed_);
   other.assign(c.to(at::kCPU), a.to(at::kCPU));
   const at::Tensor v = other.load(0, numel_);

@@ -88,9 +88,7 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
   remove_tree(tmp_dir);
   io::make_directories(tmp_dir);
   models::save_hf_checkpoint(model, tmp_dir);
-  std::vector<std::pair<std::string, at::Tensor>> opt;
-  for (const auto& [k, v] : optimizer.state_dict()) opt.emplace_back(k, v);
-  io::write_safetensors(tmp_dir + "/optimizer.safetensors", opt);
+  save_optimizer_state(tmp_dir + "/optimizer.safetensors", optimizer);
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object()
@@ -155,15 +153,28 @@ RunState read_trainer_state(const std::string& checkpoint_dir) {
 RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer) {
   const RunState s = read_trainer_state(checkpoint_dir);
   models::load_hf_weights(model, checkpoint_dir);
-  optim::TensorDict state;
+  load_optimizer_state(checkpoint_dir + "/optimizer.safetensors", optimizer);
+  return s;
+}
+
+void save_optimizer_state(const std::string& path, const optim::Optimizer& optimizer) {
+  // state_dict() refers to the live state and the writer copies one tensor at a time (to the CPU
+  // when it lives elsewhere), so no second copy of the whole state is made.
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : optimizer.state_dict()) tensors.emplace_back(name, tensor);
+  io::write_safetensors(path, tensors);
+}
+
+void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer) {
   try {
-    io::SafetensorsReader r(checkpoint_dir + "/optimizer.safetensors");
-    for (const auto& t : r.tensors()) state[t.name] = r.load(t.name);
+    io::SafetensorsReader file(path);
+    optim::StateDictSource source;
+    for (const auto& t : file.tensors()) source.entries.emplace_back(t.name, t.shape);
+    source.load = [&file](const std::string& name) { return file.load(name); };
+    optimizer.load_state(source);  // checks the header, then reads one parameter's entries at a time
   } catch (const io::SafetensorsError& e) {
     throw std::invalid_argument(e.what());
   }
-  optimizer.load_state_dict(state);
-  return s;
 }
 
 }  // namespace train

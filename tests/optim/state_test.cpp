@@ -1,7 +1,10 @@
 // Low-memory optimizer state: code maps, blockwise round-trip error, bytes per parameter, state kept
 // in memory-mapped files or host memory equal to in-memory state, state dicts across precisions,
-// stochastic rounding, and training quality close to fp32 state.
+// state loaded from a lazy source (checked first, then one parameter at a time), stochastic
+// rounding, and training quality close to fp32 state.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/memory/tracker.h"
@@ -346,4 +349,134 @@ TEST(CodeMap, VectorKernelGivesTheSameBitsAsThePortableOne) {
       }
     }
   }
+}
+
+namespace {
+
+// A state dict behind a StateDictSource that records every load and hands out fresh tensors (as a
+// file reader does), remembering each one weakly so a test can see whether it is still alive.
+struct RecordingSource {
+  TensorDict dict;
+  std::vector<std::string> param_names;
+  std::vector<std::string> calls;
+  std::vector<std::pair<std::string, c10::weak_intrusive_ptr<c10::StorageImpl>>> handed_out;  // parameter, data
+  int64_t alive_from_other_parameters = 0;  // seen at load calls
+
+  RecordingSource(TensorDict d, std::vector<std::string> names) : dict(std::move(d)), param_names(std::move(names)) {}
+
+  std::string parameter_of(const std::string& entry) const {
+    std::string best;
+    for (const auto& p : param_names) {
+      if (entry.rfind(p + ".", 0) == 0 && p.size() > best.size()) best = p;
+    }
+    return best;
+  }
+  StateDictSource source() {
+    StateDictSource s;
+    for (const auto& [k, v] : dict) s.entries.emplace_back(k, v.sizes().vec());
+    s.load = [this](const std::string& name) {
+      calls.push_back(name);
+      const std::string param = parameter_of(name);
+      for (const auto& [p, data] : handed_out) alive_from_other_parameters += p != param && !data.expired();
+      at::Tensor t = dict.at(name).clone();
+      handed_out.emplace_back(param, t.storage().getWeakStorageImpl());
+      return t;
+    };
+    return s;
+  }
+};
+
+std::vector<std::string> names_of(torch::nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& item : m.named_parameters()) out.push_back(item.key());
+  return out;
+}
+
+}  // namespace
+
+TEST(OptimizerState, LoadStateChecksEverythingFirstThenLoadsOneParameterAtATime) {
+  const auto xs = data(4);
+  Mlp trained(6);
+  Optimizer o_trained(trained.named_parameters(), adamw(StatePrecision::int8));
+  train(trained, o_trained, xs);
+  TensorDict saved;
+  for (const auto& [k, v] : o_trained.state_dict()) saved[k] = v.clone();
+
+  // Each mistake is found from the names and shapes alone: no load is called.
+  auto refused = [&](TensorDict dict, const std::string& expected, bool repeat_first = false) {
+    SCOPED_TRACE(expected);
+    Mlp m(6);
+    Optimizer o(m.named_parameters(), adamw(StatePrecision::int8));
+    RecordingSource r(std::move(dict), names_of(m));
+    StateDictSource s = r.source();
+    if (repeat_first) s.entries.push_back(s.entries.front());
+    try {
+      o.load_state(s);
+      ADD_FAILURE() << "loaded";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(r.calls.empty());
+  };
+  TensorDict bad = saved;
+  bad["a.bias.exp_avg"] = at::zeros({3});
+  refused(bad, "Wrong shapes: a.bias.exp_avg [3] vs parameter [256]");
+  bad = saved;
+  bad["a.weight.exp_avg.absmax"] = at::zeros({7});
+  refused(bad, "a.weight.exp_avg: 32768 codes and 7 scales fit no 8- or 4-bit blocks of 32768 values");
+  bad = saved;
+  bad["c.weight.step"] = at::zeros({2}, at::kLong);
+  refused(bad, "c.weight.step [2] vs a single count");
+  bad = saved;
+  bad["d.weight.exp_avg"] = at::zeros({1});
+  refused(bad, "Unknown entries: d.weight.exp_avg");
+  bad = saved;
+  bad.erase("b.weight.exp_avg_sq.codes");
+  refused(bad, "Missing: b.weight.exp_avg/exp_avg_sq");
+  bad = saved;
+  bad.erase("c.bias.step");
+  bad.erase("c.bias.exp_avg");
+  bad.erase("c.bias.exp_avg_sq");
+  refused(bad, "Missing: c.bias");
+  refused(saved, "Repeated entries: a.bias.exp_avg", /*repeat_first=*/true);
+
+  // A good source: every entry loaded once, parameter by parameter, each parameter's tensors
+  // dropped before the next one's are loaded; the state is restored exactly.
+  Mlp m(6);
+  Optimizer o(m.named_parameters(), adamw(StatePrecision::int8));
+  RecordingSource r(saved, names_of(m));
+  o.load_state(r.source());
+  std::vector<std::string> loaded = r.calls, expected;
+  for (const auto& [k, v] : saved) expected.push_back(k);
+  std::sort(loaded.begin(), loaded.end());
+  EXPECT_EQ(loaded, expected);
+  std::vector<std::string> order;  // parameters in the order their entries were loaded
+  for (const auto& c : r.calls) {
+    if (order.empty() || order.back() != r.parameter_of(c)) order.push_back(r.parameter_of(c));
+  }
+  EXPECT_EQ(order, names_of(m));  // one run per parameter, in the optimizer's order
+  EXPECT_EQ(r.alive_from_other_parameters, 0);
+  for (const auto& [p, data] : r.handed_out) EXPECT_TRUE(data.expired()) << p;
+  const auto again = o.state_dict();
+  ASSERT_EQ(again.size(), saved.size());
+  for (const auto& [k, v] : saved) EXPECT_TRUE(at::equal(again.at(k), v)) << k;
+
+  // A load that fails part-way leaves no half-restored state; one of the wrong shape is refused.
+  RecordingSource failing(saved, names_of(m));
+  StateDictSource s = failing.source();
+  s.load = [&](const std::string& name) {
+    if (name.rfind("b.", 0) == 0) throw std::runtime_error("disk gone");
+    return failing.dict.at(name);
+  };
+  EXPECT_THROW(o.load_state(s), std::runtime_error);
+  EXPECT_TRUE(o.state_dict().empty());
+  EXPECT_EQ(o.state_bytes(), 0);
+  s.load = [&](const std::string& name) { return name == "c.weight.exp_avg.codes" ? at::zeros({5}, at::kByte) : failing.dict.at(name); };
+  try {
+    o.load_state(s);
+    ADD_FAILURE() << "loaded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("c.weight.exp_avg.codes was listed as [32768] but loaded as [5]"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(o.state_dict().empty());
 }

@@ -30,10 +30,12 @@
 #include <torch/ordered_dict.h>
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "frugal/optim/update.h"
@@ -86,6 +88,22 @@ struct ParamGroup {
 // (likewise exp_avg_sq). Either form loads into an optimizer of any state precision.
 using TensorDict = std::map<std::string, at::Tensor>;
 
+// A state dict read lazily: its entries' names and shapes up front, and `load` to read one entry's
+// data when it is needed (a file's reader, say). Optimizer::load_state checks the whole list before
+// it calls `load`, then calls it only for one parameter's entries at a time, so no more than one
+// parameter's saved state is in memory beside the optimizer's own. Any reader will do; this is how
+// train::load_optimizer_state reads a checkpoint's file:
+//
+//   frugal::io::SafetensorsReader file("optimizer.safetensors");
+//   frugal::optim::StateDictSource source;
+//   for (const auto& t : file.tensors()) source.entries.emplace_back(t.name, t.shape);
+//   source.load = [&](const std::string& name) { return file.load(name); };
+//   optimizer.load_state(source);
+struct StateDictSource {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> entries;  // name, shape
+  std::function<at::Tensor(const std::string&)> load;                  // the entry's tensor, of that shape
+};
+
 class Optimizer {
  public:
   // Throws std::invalid_argument for a combination the mode cannot do (see above) or bad values.
@@ -114,9 +132,18 @@ class Optimizer {
   double last_grad_norm() const;
   int64_t steps_taken() const;  // completed updates
 
+  // The state by name (see TensorDict). The tensors are the live state, not copies (only the step
+  // counters are new): clone them to keep a snapshot past the next step, and use them only while
+  // the optimizer lives (mmap placement's live in its mapped files).
   TensorDict state_dict() const;
-  // Loads state saved in either mode. Throws std::invalid_argument listing unknown names, missing
-  // parameters and shape mismatches.
+  // Loads state saved in either mode, from any precision and placement. Throws
+  // std::invalid_argument listing unknown or repeated names, missing parameters and shape
+  // mismatches, found from the names and shapes alone before any data is loaded. Then restores
+  // one parameter at a time, loading only that parameter's entries. An empty source resets the
+  // state. Should a load fail part-way, every parameter is left with empty state (as a new
+  // optimizer's) and the error is rethrown.
+  void load_state(const StateDictSource& source);
+  // load_state over the tensors of `state`.
   void load_state_dict(const TensorDict& state);
   int64_t state_bytes() const;  // bytes of all state tensors
   // Seconds spent in parameter updates since construction (in either mode; in in-backward mode

@@ -59,6 +59,9 @@ struct StateBufferBytes {
   int64_t in_files = 0;
 };
 StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& options);
+// The bits (8 or 4) of saved codes and scales for `numel` values: the block geometry that `codes`
+// code bytes and `scales` absmax values imply, or 0 when they fit neither.
+int quantized_bits_of(int64_t numel, int64_t codes, int64_t scales);
 
 class StateBuffer {
  public:
@@ -80,7 +83,8 @@ class StateBuffer {
   // The quantized form (8- and 4-bit precisions), for fused kernels; nullptr otherwise.
   QuantizedBuffer* quantized() { return quantized_.get(); }
 
-  // Saved as "<prefix>" (fp32/bf16, the parameter's shape) or "<prefix>.codes" + "<prefix>.absmax".
+  // Saved as "<prefix>" (fp32/bf16, the parameter's shape) or "<prefix>.codes" + "<prefix>.absmax":
+  // views of the live state on its device, not copies.
   void save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const;
   // Loads either form (a full tensor is quantized; codes and scales are dequantized when this
   // buffer is not quantized). Throws std::invalid_argument naming the prefix on a mismatch.

@@ -40,6 +40,13 @@ std::string latest_checkpoint(const std::string& out_dir);
 RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer);
 RunState read_trainer_state(const std::string& checkpoint_dir);
 
+// The optimizer's state as one safetensors file (keyed as Optimizer::state_dict), written from the
+// live state tensor by tensor, and read back one parameter at a time (Optimizer::load_state): at
+// most one parameter's saved state is in memory beside the optimizer's. Loading throws
+// std::invalid_argument for a malformed file or state that does not fit the optimizer.
+void save_optimizer_state(const std::string& path, const optim::Optimizer& optimizer);
+void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer);
+
 std::string rng_state_to_hex();
 void rng_state_from_hex(const std::string& hex);
 
