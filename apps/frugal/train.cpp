@@ -13,6 +13,7 @@
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
+#include "frugal/memory/process.h"
 #include "frugal/memory/trace.h"
 #include "frugal/models/activation_bytes.h"
 #include "frugal/train/trainer.h"
@@ -250,14 +251,14 @@ int run_train(int argc, char** argv) {
   print_state_placement(summary, recipe, result.estimate);
   summary << "estimated peak of the same job with every technique off: " << io::human_bytes(result.estimate_plain.peak_bytes)
           << " (measured peak is " << io::human_bytes(result.peak.peak_bytes) << ")\n";
-  // What the tracker does not see: the kernel's count of the process against the tracked peak.
-  const bench::ProcessMemory proc = bench::process_memory();
+  // What the tracker does not see: the kernel's count of the process against the tracked bytes.
+  const memory::ProcessMemory proc = memory::process_memory();
+  const memory::ProcessMemory& end = result.process_after_steps;
   summary << "process peak resident memory " << io::human_bytes(proc.peak_rss) << " (VmHWM) against the tracker's peak "
-          << io::human_bytes(result.peak.peak_bytes) << ": the " << io::human_bytes(proc.peak_rss - result.peak.peak_bytes)
-          << " besides are what no tensor allocation holds (now: " << io::human_bytes(proc.file)
-          << " of mapped files, i.e. code, LibTorch's libraries and mapped optimizer state; "
-          << io::human_bytes(proc.anon) << " anonymous, of which the tracker holds "
-          << io::human_bytes(result.tracker->live_bytes()) << ", the rest the C++ heap, oneDNN and OpenMP scratch)\n";
+          << io::human_bytes(result.peak.peak_bytes) << "; after the last step " << io::human_bytes(end.rss)
+          << " resident = " << io::human_bytes(end.anon) << " anonymous (the tracker's " << io::human_bytes(result.tracked_after_steps)
+          << " of tensors, the rest the C++ heap and its free space, oneDNN and OpenMP scratch) + " << io::human_bytes(end.file)
+          << " of mapped files (code, LibTorch's libraries, the token file, mapped optimizer state)\n";
   const train::StepTiming step = median_timing(result.timings);
   double step_gflops = 0, matmul_gflops = 0;
   if (!result.timings.empty()) {

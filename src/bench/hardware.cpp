@@ -31,31 +31,12 @@ double matmul_gflops(int64_t n, double min_seconds, at::ScalarType dtype) {
   return 2.0 * static_cast<double>(n * n * n) * static_cast<double>(reps) / elapsed / 1e9;
 }
 
-// "VmHWM:\t 123456 kB" -> bytes
-int64_t status_field(const std::string& text, const char* key) {
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return 0;
-  return std::strtoll(text.c_str() + at + std::strlen(key), nullptr, 10) * 1024;
-}
-
 }  // namespace
 
 double measure_matmul_gflops(int64_t n, double min_seconds) { return matmul_gflops(n, min_seconds, at::kFloat); }
 
 double measure_bf16_matmul_gflops(int64_t n, double min_seconds) { return matmul_gflops(n, min_seconds, at::kBFloat16); }
 
-ProcessMemory process_memory() {
-  std::ifstream in("/proc/self/status");
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  ProcessMemory m;
-  m.peak_rss = status_field(s, "VmHWM:");
-  m.rss = status_field(s, "VmRSS:");
-  m.anon = status_field(s, "RssAnon:");
-  m.file = status_field(s, "RssFile:");
-  return m;
-}
 
 std::string slow_blas_warning(double gflops) {
   if (gflops >= kSlowBlasGflops) return "";

@@ -385,6 +385,8 @@ class Trainer {
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_start_).count();
     result_.tokens_per_s = static_cast<double>((result_.last_step - start_) * r_.batch_size * r_.seq_len) / std::max(elapsed, 1e-9);
     result_.peak = peak_memory_after_training();
+    result_.process_after_steps = memory::process_memory();
+    result_.tracked_after_steps = tracker_->live_bytes();
     result_.val_loss = evaluate();
     metrics_->validation(result_.last_step, result_.val_loss);
     metrics_.reset();

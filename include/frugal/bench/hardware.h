@@ -24,14 +24,6 @@ std::string slow_blas_warning(double gflops);
 // bf16 (n x n) @ (n x n) on CPU (oneDNN's bf16 kernels where LibTorch routes them), like the above.
 double measure_bf16_matmul_gflops(int64_t n = 1024, double min_seconds = 0.5);
 
-// This process's memory as the kernel counts it (/proc/self/status), in bytes; 0 where unknown.
-struct ProcessMemory {
-  int64_t peak_rss = 0;  // VmHWM: the resident high-water mark
-  int64_t rss = 0;       // VmRSS now
-  int64_t anon = 0;      // RssAnon: heap and anonymous mappings (LibTorch's allocations among them)
-  int64_t file = 0;      // RssFile: mapped files' resident pages (code, libraries, mapped state)
-};
-ProcessMemory process_memory();
 
 }  // namespace bench
 }  // namespace frugal

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "frugal/data/tokenizer.h"
+#include "frugal/memory/process.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/train/estimate.h"
 #include "frugal/train/recipe.h"
@@ -85,6 +86,10 @@ struct TrainResult {
   std::string sample;              // generated text
   std::string checkpoint;          // the last checkpoint written
   std::shared_ptr<memory::Tracker> tracker;  // the run's allocation tracker
+  // The kernel's count right after the last step (model and state still alive), and the tracker's
+  // live bytes at that moment: what the tracker does not see is the difference.
+  memory::ProcessMemory process_after_steps;
+  int64_t tracked_after_steps = 0;
 };
 
 struct PreparedData {
