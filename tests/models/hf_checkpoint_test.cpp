@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "frugal/io/safetensors.h"
+#include "frugal/memory/tracker.h"
 #include "frugal/models/hf_checkpoint.h"
 
 using namespace frugal;
@@ -87,4 +88,39 @@ TEST(HfCheckpoint, WeightsThatDoNotFitAreNamed) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("missing key 'vocab_size'"), std::string::npos) << e.what();
   }
+}
+
+TEST(HfCheckpoint, LoadingAtRealWidthHoldsOneTensorBesidesTheModel) {
+  // dim 4096 and ffn 11008 (the 7B width), one layer, a smaller vocabulary: 0.27B bf16 parameters.
+  models::DecoderConfig c;
+  c.vocab_size = 8000;
+  c.dim = 4096;
+  c.n_layers = 1;
+  c.n_heads = 32;
+  c.n_kv_heads = 32;
+  c.ffn_dim = 11008;
+  c.max_seq_len = 64;
+  const std::string dir = ::testing::TempDir() + "/frugal_hf_wide";
+  ::mkdir(dir.c_str(), 0755);
+  const auto options = at::TensorOptions().dtype(at::kBFloat16);
+  {
+    auto saved = models::make_decoder(c, options);
+    models::save_hf_checkpoint(*saved, dir, 0);
+  }
+  auto model = models::make_decoder(c, options);
+  int64_t largest = 0;
+  for (const auto& p : model->parameters()) largest = std::max<int64_t>(largest, p.numel() * 2);
+  auto tracker = memory::Tracker::create();
+  {
+    memory::TrackingGuard on(tracker);
+    models::load_hf_weights(*model, dir);
+  }
+  // Nothing but one tensor at a time on top of the model (which existed before tracking began).
+  EXPECT_LE(static_cast<double>(tracker->peak_bytes()), 1.05 * static_cast<double>(largest));
+  EXPECT_EQ(tracker->live_bytes(), 0);
+  // And what was loaded is what was saved, bit for bit.
+  auto again = models::make_decoder(c, options);
+  models::load_hf_weights(*again, dir);
+  const auto a = model->parameters(), b = again->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i]));
 }
