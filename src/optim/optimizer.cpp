@@ -495,8 +495,7 @@ StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, 
     b.total = o.momentum() > 0 ? numel * e : 0;  // the momentum buffer, a clone of the gradient
     return b;
   }
-  const bool buffered = o.state().precision() != StatePrecision::fp32 || o.state().placement() != StatePlacement::device ||
-                        (o.stochastic_rounding() && dtype == at::kBFloat16);  // Hyper::buffered
+  const bool buffered = uses_buffered_state(dtype, o.state(), o.stochastic_rounding());
   if (!buffered) {
     b.total = 2 * numel * e;  // exp_avg and exp_avg_sq like the parameter, as torch::optim keeps them
     return b;
@@ -510,8 +509,7 @@ StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, 
 int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, const OptimizerOptions& o) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
   if (o.algorithm() == Algorithm::sgd) return 0;
-  const bool buffered = o.state().precision() != StatePrecision::fp32 || o.state().placement() != StatePlacement::device ||
-                        (o.stochastic_rounding() && dtype == at::kBFloat16);
+  const bool buffered = uses_buffered_state(dtype, o.state(), o.stochastic_rounding());
   if (!buffered) return 2 * numel * e;
   // fp32 chunks: parameter, gradient, m, v, the update, and the noise of stochastic rounding (measured: 23 B a value)
   return std::min(numel, o.state().chunk_elements()) * 24;

@@ -26,6 +26,13 @@ constexpr std::array<Algorithm, 3> kAllAlgorithms = {Algorithm::sgd, Algorithm::
 const char* algorithm_name(Algorithm a);
 std::optional<Algorithm> parse_algorithm(const std::string& name);
 
+// Whether Adam(W) keeps its moments in StateBuffers and updates chunk by chunk (another precision
+// or place, or stochastic rounding of bf16 parameters) rather than in plain tensors like the parameter.
+inline bool uses_buffered_state(at::ScalarType param_dtype, const StateOptions& state, bool stochastic_rounding) {
+  return state.precision() != StatePrecision::fp32 || state.placement() != StatePlacement::device ||
+         (stochastic_rounding && param_dtype == at::kBFloat16);
+}
+
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;
   double lr = 1e-3;
@@ -41,10 +48,7 @@ struct Hyper {
   // smaller than bf16's resolution still move the parameter on average.
   bool stochastic_rounding = false;
 
-  bool buffered(const at::Tensor& param) const {
-    return state.precision() != StatePrecision::fp32 || state.placement() != StatePlacement::device ||
-           (stochastic_rounding && param.scalar_type() == at::kBFloat16);
-  }
+  bool buffered(const at::Tensor& param) const { return uses_buffered_state(param.scalar_type(), state, stochastic_rounding); }
 };
 
 struct ParamState {
