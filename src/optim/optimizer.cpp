@@ -506,11 +506,13 @@ StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, 
   return b;
 }
 
-int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, const OptimizerOptions& o) {
+int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device device, const OptimizerOptions& o) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
   if (o.algorithm() == Algorithm::sgd) return 0;
   const bool buffered = uses_buffered_state(dtype, o.state(), o.stochastic_rounding());
   if (!buffered) return 2 * numel * e;
+  const StatePrecision p = effective_precision(numel, o.state());
+  if ((p == StatePrecision::int8 || p == StatePrecision::int4) && uses_fused_cpu_kernel(dtype, device)) return 0;
   // fp32 chunks: parameter, gradient, m, v, the update, and the noise of stochastic rounding (measured: 23 B a value)
   return std::min(numel, o.state().chunk_elements()) * 24;
 }

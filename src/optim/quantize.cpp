@@ -210,8 +210,12 @@ namespace {
 struct BlockStep {
   float b1, b2, one_b1, one_b2, eps, wd, decay, sqrt_bc2, step;
   bool decoupled;
-  float* p;        // the parameter's elements [begin, end)
-  const float* g;  // its gradient, the same range
+  float* p;        // the parameter's elements [begin, end), when fp32 (else null)
+  const float* g;  // its gradient, the same range, when fp32 (else null)
+  uint16_t* pb = nullptr;        // the parameter's elements as bf16 bits, when bf16
+  const uint16_t* gb = nullptr;  // the gradient's, when bf16
+  bool stochastic = false;       // bf16 parameter: stochastic rounding with `seed`
+  uint64_t seed = 0;
   int64_t begin, numel, block;
   uint8_t *mc, *vc;  // codes
   float *ma, *va;    // block scales
@@ -391,10 +395,69 @@ bool cpu_has_avx2() {
 }
 #endif
 
+// bf16 <-> fp32 for the fused step. bf16 is the top half of fp32's bits, so widening is a shift.
+void widen_bf16(const uint16_t* in, float* out, int64_t count, int64_t block) {
+  for (int64_t j = 0; j < count; ++j) {
+    const uint32_t bits = static_cast<uint32_t>(in[j]) << 16;
+    std::memcpy(out + j, &bits, 4);
+  }
+  for (int64_t j = count; j < block; ++j) out[j] = 0.0f;
+}
+
+inline uint32_t mix32(uint32_t h) {  // murmur3's finaliser: every input bit reaches every output bit
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// fp32 to bf16: to nearest even, or stochastically (add 16 bits of noise, keep the top half).
+// Infinities stay; a NaN stays a (quiet) NaN of the same sign.
+inline __attribute__((always_inline)) void narrow_bf16_body(const float* in, uint16_t* out, int64_t count, bool stochastic,
+                                                             uint64_t seed, int64_t first) {
+  const uint32_t s0 = static_cast<uint32_t>(seed), s1 = static_cast<uint32_t>(seed >> 32);
+  for (int64_t j = 0; j < count; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, in + j, 4);
+    const uint64_t index = static_cast<uint64_t>(first + j);
+    const uint32_t noise = stochastic ? mix32(mix32(static_cast<uint32_t>(index) ^ s0) ^ s1 ^ static_cast<uint32_t>(index >> 32)) & 0xFFFFu
+                                      : 0x7FFFu + ((bits >> 16) & 1u);
+    const bool special = (bits & 0x7F800000u) == 0x7F800000u;
+    const uint32_t quiet = (bits & 0x007FFFFFu) != 0 ? 0x40u : 0u;
+    out[j] = static_cast<uint16_t>(special ? (bits >> 16) | quiet : (bits + noise) >> 16);
+  }
+}
+
+void narrow_bf16_portable(const float* in, uint16_t* out, int64_t count, bool stochastic, uint64_t seed, int64_t first) {
+  narrow_bf16_body(in, out, count, stochastic, seed, first);
+}
+#if FRUGAL_X86_KERNELS
+// The same loop compiled for AVX2, where the hash's 32-bit multiplies vectorise.
+__attribute__((target("avx2"))) void narrow_bf16_avx2(const float* in, uint16_t* out, int64_t count, bool stochastic,
+                                                      uint64_t seed, int64_t first) {
+  narrow_bf16_body(in, out, count, stochastic, seed, first);
+}
+#endif
+
 // One block: decode, update, encode. `vector`: a full block on a processor with AVX2.
 template <int Bits>
-void adam_block(const BlockStep& s, int64_t b, bool vector) {
-  const int64_t block = s.block, base = b * block, count = std::min(block, s.numel - base);
+void adam_block(const BlockStep& step, int64_t b, bool vector) {
+  const int64_t block = step.block, base = b * block, count = std::min(block, step.numel - base);
+  // A bf16 parameter or gradient is widened into these, and the block is stepped on them.
+  alignas(32) float pw[256], gw[256];
+  BlockStep widened;
+  const bool bf16 = step.pb || step.gb;
+  if (bf16) {
+    widened = step;
+    widened.begin = base;
+    widened.p = step.pb ? pw : step.p + (base - step.begin);
+    widened.g = step.gb ? gw : step.g + (base - step.begin);
+    if (step.pb) widen_bf16(step.pb + (base - step.begin), pw, count, block);
+    if (step.gb) widen_bf16(step.gb + (base - step.begin), gw, count, block);
+  }
+  const BlockStep& s = bf16 ? widened : step;
   alignas(32) float m[256], v[256];
   alignas(32) uint8_t mcodes[256] = {}, vcodes[256] = {};  // 4-bit codes, one per byte
   const uint8_t *mc = s.mc + base, *vc = s.vc + base;
@@ -421,6 +484,16 @@ void adam_block(const BlockStep& s, int64_t b, bool vector) {
 #endif
   {
     update_block_portable(s, b, m, v, count);
+  }
+  if (step.pb) {
+#if FRUGAL_X86_KERNELS
+    if (vector) {
+      narrow_bf16_avx2(pw, step.pb + (base - step.begin), count, step.stochastic, step.seed, base);
+    } else
+#endif
+    {
+      narrow_bf16_portable(pw, step.pb + (base - step.begin), count, step.stochastic, step.seed, base);
+    }
   }
   encode_block(m, s.mlut, s.mb, Bits == 8 ? s.mc + base : mcodes, block);
   encode_block(v, s.vlut, s.vb, Bits == 8 ? s.vc + base : vcodes, block);
@@ -450,23 +523,13 @@ void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel ke
   });
 }
 
-}  // namespace
-
-bool quant_kernel_vectorized() {
-#if FRUGAL_X86_KERNELS
-  return cpu_has_avx2();
-#else
-  return false;
-#endif
-}
-
-void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
-                             int64_t begin, int64_t end, QuantKernel kernel) {
+// The fused step over [begin, end) with s's parameter and gradient pointers already set.
+void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin,
+                     int64_t end, QuantKernel kernel) {
   TORCH_CHECK(m.bits() == v.bits() && m.block() == v.block() && begin % m.block() == 0, "adam_step_quantized_cpu: mismatched state");
   TORCH_CHECK(m.codes().device().is_cpu(), "adam_step_quantized_cpu: the state must be on the CPU");
   TORCH_CHECK(m.block() <= 256, "adam_step_quantized_cpu: blocks of at most 256 values");
   TORCH_CHECK(end <= m.numel() && (end == m.numel() || end % m.block() == 0), "adam_step_quantized_cpu: the range must end on a block or at the end");
-  BlockStep s;
   s.b1 = static_cast<float>(h.beta1);
   s.b2 = static_cast<float>(h.beta2);
   s.one_b1 = static_cast<float>(1 - h.beta1);
@@ -477,8 +540,6 @@ void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, Quanti
   s.sqrt_bc2 = static_cast<float>(std::sqrt(h.bias_correction2));
   s.step = static_cast<float>(-h.lr / h.bias_correction1);
   s.decoupled = h.decoupled;
-  s.p = p;
-  s.g = g;
   s.begin = begin;
   s.numel = end;
   s.block = m.block();
@@ -498,6 +559,46 @@ void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, Quanti
   } else {
     adam_blocks<4>(s, first, last, kernel);
   }
+}
+
+}  // namespace
+
+bool quant_kernel_vectorized() {
+#if FRUGAL_X86_KERNELS
+  return cpu_has_avx2();
+#else
+  return false;
+#endif
+}
+
+void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
+                             int64_t begin, int64_t end, QuantKernel kernel) {
+  BlockStep s;
+  s.p = p;
+  s.g = g;
+  adam_step_fused(h, s, m, v, begin, end, kernel);
+}
+
+void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
+                             QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding,
+                             QuantKernel kernel) {
+  auto check = [&](const at::Tensor& t, const char* what) {
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.numel() == end - begin &&
+                    (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
+                "adam_step_quantized_cpu: the ", what, " must be a contiguous fp32 or bf16 CPU tensor of ", end - begin,
+                " elements");
+  };
+  check(p, "parameter");
+  check(g, "gradient");
+  BlockStep s;
+  const bool p16 = p.scalar_type() == at::kBFloat16, g16 = g.scalar_type() == at::kBFloat16;
+  s.p = p16 ? nullptr : p.data_ptr<float>();
+  s.pb = p16 ? reinterpret_cast<uint16_t*>(p.data_ptr<at::BFloat16>()) : nullptr;
+  s.g = g16 ? nullptr : g.data_ptr<float>();
+  s.gb = g16 ? reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()) : nullptr;
+  s.stochastic = rounding.stochastic;
+  s.seed = rounding.seed;
+  adam_step_fused(h, s, m, v, begin, end, kernel);
 }
 
 }  // namespace optim

@@ -1,6 +1,9 @@
 #include "frugal/optim/update.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
+#include <mutex>
 
 namespace frugal {
 namespace optim {
@@ -46,18 +49,25 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
   at::Tensor p_flat = param.view({-1});
   const at::Tensor g_flat = grad.reshape({-1});
   const bool fp32_param = param.scalar_type() == at::kFloat;
-  // 8- and 4-bit moments of a CPU parameter: the fused kernel (one pass per block).
+  // 8- and 4-bit moments of a CPU parameter in fp32 or bf16: the fused kernel (one pass per block,
+  // no temporaries; bf16 is widened and rounded back inside it).
   QuantizedBuffer *qm = state.m->quantized(), *qv = state.v->quantized();
-  if (qm && qv && param.device().is_cpu() && qm->codes().device().is_cpu()) {
+  if (qm && qv && uses_fused_cpu_kernel(param.scalar_type(), param.device()) && qm->codes().device().is_cpu()) {
     const AdamStep step{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2,
                         h.algorithm == Algorithm::adamw};
+    Bf16Rounding rounding;
+    rounding.stochastic = h.stochastic_rounding && param.scalar_type() == at::kBFloat16;
+    if (rounding.stochastic) {  // one draw per update from the default generator, which checkpoints save
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rounding.seed = gen.get<at::CPUGeneratorImpl>()->random64();
+    }
+    const bool kernel_dtype = g_flat.scalar_type() == at::kFloat || g_flat.scalar_type() == at::kBFloat16;
     for (int64_t b = 0; b < n; b += chunk) {
       const int64_t e = std::min(n, b + chunk);
-      at::Tensor p_view = p_flat.narrow(0, b, e - b);
-      at::Tensor p = fp32_param ? p_view : p_view.to(at::kFloat);
-      const at::Tensor g = g_flat.narrow(0, b, e - b).to(at::kFloat).contiguous();
-      adam_step_quantized_cpu(step, p.data_ptr<float>(), g.data_ptr<float>(), *qm, *qv, b, e);
-      if (!fp32_param) p_view.copy_(h.stochastic_rounding && param.scalar_type() == at::kBFloat16 ? stochastic_round_bf16(p) : p.to(param.scalar_type()));
+      const at::Tensor g = g_flat.narrow(0, b, e - b);
+      adam_step_quantized_cpu(step, p_flat.narrow(0, b, e - b), kernel_dtype ? g.contiguous() : g.to(at::kFloat).contiguous(),
+                              *qm, *qv, b, e, rounding);
     }
     return;
   }

@@ -141,15 +141,15 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
     // once (the recompute's autograd::grad), and they are updated one by one while the rest wait.
     if (in_backward && s->checkpointed) {
       moments.push_back({"updates after block " + std::to_string(s->begin) + "'s backward", prefix,
-                         optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.optimizer),
+                         optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),
                          (s->end - s->begin) * a.block_params});
     }
     later_grads += (s->end - s->begin) * a.block_params;
   }
-  //  the optimizer step after a standard backward: every gradient and one parameter-sized temporary.
+  // the optimizer step after a standard backward: every gradient and the largest update's temporaries.
   if (!in_backward) {
-    const int64_t largest = *std::max_element(numels.begin(), numels.end()) * e;
-    moments.push_back({"optimizer step", 0, r.optimizer.algorithm() == optim::Algorithm::sgd ? 0 : largest, P});
+    const int64_t largest = *std::max_element(numels.begin(), numels.end());
+    moments.push_back({"optimizer step", 0, optim::update_temporary_bytes(largest, r.dtype, r.device, r.optimizer), P});
   }
   const Moment peak = *std::max_element(moments.begin(), moments.end(),
                                         [](const Moment& x, const Moment& y) { return x.total() < y.total(); });

@@ -351,6 +351,72 @@ TEST(CodeMap, VectorKernelGivesTheSameBitsAsThePortableOne) {
   }
 }
 
+TEST(CodeMap, FusedBf16StepIsTheFp32StepRoundedToNearest) {
+  // A bf16 parameter and gradient through the fused kernel, rounded to nearest, against the fp32
+  // kernel on the widened values followed by ATen's bf16 conversion: the same bits, codes and scales.
+  torch::manual_seed(21);
+  for (int bits : {8, 4}) {
+    SCOPED_TRACE(bits);
+    const int64_t block = bits == 8 ? 256 : 128, n = 23 * block + 30;  // a short last block
+    const at::Tensor pb = at::randn({n}).to(at::kBFloat16), gb = (at::randn({n}) * 0.1).to(at::kBFloat16);
+    const at::Tensor m0 = at::randn({n}) * 0.01, v0 = at::rand({n}) * 1e-4;
+    for (QuantKernel kernel : {QuantKernel::automatic, QuantKernel::portable}) {
+      QuantizedBuffer m1(n, bits, block, true), v1(n, bits, block, false), m2(n, bits, block, true), v2(n, bits, block, false);
+      for (auto* q : {&m1, &m2}) q->store(0, n, m0);
+      for (auto* q : {&v1, &v2}) q->store(0, n, v0);
+      const AdamStep h{1e-2, 0.9, 0.999, 1e-8, 0.01, 1 - std::pow(0.9, 2), 1 - std::pow(0.999, 2), true};
+      at::Tensor p16 = pb.clone();
+      adam_step_quantized_cpu(h, p16, gb, m1, v1, 0, n, Bf16Rounding{}, kernel);
+      at::Tensor p32 = pb.to(at::kFloat);
+      const at::Tensor g32 = gb.to(at::kFloat);
+      adam_step_quantized_cpu(h, p32.data_ptr<float>(), g32.data_ptr<float>(), m2, v2, 0, n, kernel);
+      EXPECT_TRUE(at::equal(p16, p32.to(at::kBFloat16)));
+      EXPECT_GT((p16 != pb).sum().item<int64_t>(), n / 2);  // the step moved most parameters
+      EXPECT_TRUE(at::equal(m1.codes(), m2.codes()));
+      EXPECT_TRUE(at::equal(v1.codes(), v2.codes()));
+      EXPECT_TRUE(at::equal(m1.absmax(), m2.absmax()));
+    }
+  }
+}
+
+TEST(CodeMap, FusedBf16StochasticRoundingIsUnbiasedAndTheSameInAnyChunking) {
+  // Every value lands on one of the two bf16 neighbours of the exact fp32 result, on average on the
+  // exact result, and the bits depend on the seed and the element only: not on how the range is
+  // split into calls, nor on the kernel.
+  const int64_t block = 128, n = 4096 * block;
+  const at::Tensor pb = at::full({n}, 1.0).to(at::kBFloat16), gb = (at::randn({n}) * 1e-3).to(at::kBFloat16);
+  const AdamStep h{1e-3, 0.9, 0.999, 1e-8, 0.0, 1 - 0.9, 1 - 0.999, true};  // a first step: each value moves by ~lr
+  auto run = [&](std::vector<int64_t> cuts, QuantKernel kernel, uint64_t seed) {
+    QuantizedBuffer m(n, 4, block, true), v(n, 4, block, false);
+    at::Tensor p = pb.clone();
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const int64_t b = cuts[i], e = cuts[i + 1];
+      adam_step_quantized_cpu(h, p.narrow(0, b, e - b), gb.narrow(0, b, e - b), m, v, b, e, Bf16Rounding{true, seed}, kernel);
+    }
+    return p;
+  };
+  const at::Tensor whole = run({0, n}, QuantKernel::automatic, 7);
+  EXPECT_TRUE(at::equal(whole, run({0, 5 * block, 77 * block, n}, QuantKernel::automatic, 7)));
+  EXPECT_TRUE(at::equal(whole, run({0, n}, QuantKernel::portable, 7)));
+  EXPECT_FALSE(at::equal(whole, run({0, n}, QuantKernel::automatic, 8)));
+  // the exact result, from the fp32 kernel
+  QuantizedBuffer m(n, 4, block, true), v(n, 4, block, false);
+  at::Tensor exact = pb.to(at::kFloat);
+  const at::Tensor g32 = gb.to(at::kFloat);
+  adam_step_quantized_cpu(h, exact.data_ptr<float>(), g32.data_ptr<float>(), m, v, 0, n);
+  const at::Tensor got = whole.to(at::kFloat);
+  // bf16 neighbours of values just below 1 are 2^-8 apart, just above 2^-7
+  const at::Tensor nearest = exact.to(at::kBFloat16).to(at::kFloat);
+  const at::Tensor spacing = at::where(exact < 1.0, at::full_like(exact, 1.0 / 256), at::full_like(exact, 1.0 / 128));
+  EXPECT_LE(((got - exact).abs() - spacing).max().item<double>(), 0.0);  // never further than one spacing
+  EXPECT_TRUE(at::equal(at::isfinite(got), at::ones_like(got, at::kBool)));
+  const double bias = ((got - exact) / spacing).mean().item<double>();
+  EXPECT_NEAR(bias, 0.0, 0.005);                                   // ~0.0004 standard error over 2^19 values
+  // each value is ~lr = 0.26 (below 1) or 0.13 (above) of a spacing from its nearest bf16: about a
+  // fifth of them round away from it, as they would not with round-to-nearest
+  EXPECT_GT((got != nearest).to(at::kFloat).mean().item<double>(), 0.1);
+}
+
 namespace {
 
 // A state dict behind a StateDictSource that records every load and hands out fresh tensors (as a

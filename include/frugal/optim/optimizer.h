@@ -160,10 +160,11 @@ class Optimizer {
 // allocates it (with StateBuffer's block and small-tensor rules), and how many of them live in
 // mapped files (mmap placement).
 StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, const OptimizerOptions& options);
-// Temporaries one parameter's update holds at its peak: the streamed (buffered) update works a
-// chunk of values at a time in fp32 (parameter, gradient, both moments, rounding noise); the plain
-// fp32 update makes parameter-sized temporaries (the denominator and the step).
-int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, const OptimizerOptions& options);
+// Temporaries one parameter's update holds at its peak: none for the fused CPU kernel of 8- and
+// 4-bit state; otherwise the streamed (buffered) update works a chunk of values at a time in fp32
+// (parameter, gradient, both moments, rounding noise), and the plain update makes parameter-sized
+// temporaries (the denominator and the step).
+int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device device, const OptimizerOptions& options);
 // The code tables that quantized state shares (once per process and device), for parameters of
 // these sizes: 0 when none of them is quantized.
 int64_t shared_code_table_bytes(const std::vector<int64_t>& numels, const OptimizerOptions& options);

@@ -98,5 +98,21 @@ bool quant_kernel_vectorized();  // whether automatic picks the AVX2 kernel on t
 void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
                              int64_t begin, int64_t end, QuantKernel kernel = QuantKernel::automatic);
 
+// How a bf16 parameter's updated fp32 value goes back to bf16: to nearest (ties to even, as
+// at::Tensor::to does), or stochastically: up with probability equal to the distance from the
+// lower neighbour, the noise a hash of `seed` and the element's index in the parameter, so the
+// bits do not depend on the chunking or the number of threads.
+struct Bf16Rounding {
+  bool stochastic = false;
+  uint64_t seed = 0;
+};
+
+// The same step for a parameter and gradient of fp32 or bf16 (contiguous CPU tensors of end - begin
+// elements, the parameter's elements [begin, end)): each block is widened to fp32 in registers,
+// updated, and a bf16 parameter rounded back per `rounding`. No temporary tensor is made.
+void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
+                             QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding,
+                             QuantKernel kernel = QuantKernel::automatic);
+
 }  // namespace optim
 }  // namespace frugal

@@ -33,6 +33,12 @@ inline bool uses_buffered_state(at::ScalarType param_dtype, const StateOptions& 
          (stochastic_rounding && param_dtype == at::kBFloat16);
 }
 
+// Whether a parameter of this dtype and device, with 8- or 4-bit moments, takes the fused CPU
+// kernel (quantize.h), which makes no temporaries; other buffered updates work a chunk in fp32.
+inline bool uses_fused_cpu_kernel(at::ScalarType param_dtype, at::Device device) {
+  return device.is_cpu() && (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
+}
+
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;
   double lr = 1e-3;
