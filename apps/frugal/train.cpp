@@ -108,19 +108,19 @@ train::StepTiming median_timing(const std::vector<train::StepTiming>& t) {
   m.forward_s = part(&train::StepTiming::forward_s);
   m.backward_s = part(&train::StepTiming::backward_s);
   m.optimizer_s = part(&train::StepTiming::optimizer_s);
+  m.state_io_s = part(&train::StepTiming::state_io_s);
   m.total_s = part(&train::StepTiming::total_s);
   return m;
 }
 
 // Matrix-product work of one training step: forward, backward (twice forward), and one more
 // forward of every recomputed block.
-double step_flops(const train::Recipe& r, int64_t vocab) {
+// Matrix-product FLOPs of one step: forward, backward (twice the forward) and the recomputed blocks.
+double step_flops(const train::Recipe& r, const train::TrainResult& result) {
   models::DecoderConfig c = r.model;
-  c.vocab_size = vocab;
+  c.vocab_size = result.vocab_size;
   const models::DecoderFlops f = models::decoder_flops(c, r.batch_size, r.seq_len);
-  int64_t recomputed = 0;
-  for (int64_t i = 0; i < c.n_layers; ++i) recomputed += r.checkpointing.checkpoints(i) ? 1 : 0;
-  return 3 * f.forward + static_cast<double>(recomputed) * f.block_forward;
+  return 3 * f.forward + static_cast<double>(result.recomputed_blocks) * f.block_forward;
 }
 
 }  // namespace
@@ -260,12 +260,15 @@ int run_train(int argc, char** argv) {
           << " of tensors, the rest the C++ heap and its free space, oneDNN and OpenMP scratch) + " << io::human_bytes(end.file)
           << " of mapped files (code, LibTorch's libraries, the token file, mapped optimizer state)\n";
   const train::StepTiming step = median_timing(result.timings);
+  int64_t faults = 0;  // major page faults of every step run here: mapped state read back from disk, among others
+  for (const train::StepTiming& t : result.timings) faults += t.major_faults;
   double step_gflops = 0, matmul_gflops = 0;
   if (!result.timings.empty()) {
-    step_gflops = step_flops(recipe, result.vocab_size) / std::max(step.total_s, 1e-9) / 1e9;
+    step_gflops = step_flops(recipe, result) / std::max(step.total_s, 1e-9) / 1e9;
     summary << "step time (median of " << result.timings.size() << "): " << format_seconds(step.total_s) << " = forward "
             << format_seconds(step.forward_s) << " + backward with recompute " << format_seconds(step.backward_s)
-            << " + optimizer (state included) " << format_seconds(step.optimizer_s) << " + the rest";
+            << " + optimizer " << format_seconds(step.optimizer_s) << " (of which moving state " << format_seconds(step.state_io_s)
+            << ") + the rest; " << faults << " pages read from disk in " << result.timings.size() << " steps";
     if (step.total_s >= 1.0 && recipe.device.is_cpu()) {  // worth half a second of measuring
       matmul_gflops = recipe.dtype == at::kBFloat16 ? bench::measure_bf16_matmul_gflops(1024, 0.5)
                                                     : bench::measure_matmul_gflops(1024, 0.5);
@@ -299,7 +302,8 @@ int run_train(int argc, char** argv) {
     w.key("peak_rss_bytes").value(proc.peak_rss);
     w.key("step_time_s").value(step.total_s).key("step_time_breakdown_s").begin_object();
     w.key("forward").value(step.forward_s).key("backward_with_recompute").value(step.backward_s);
-    w.key("optimizer").value(step.optimizer_s).end_object();
+    w.key("optimizer").value(step.optimizer_s).key("state_io").value(step.state_io_s).end_object();
+    w.key("major_page_faults").value(faults);
     w.key("achieved_gflops").value(step_gflops).key("matmul_gflops").value(matmul_gflops);
     w.key("by_category").begin_object();
     for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);

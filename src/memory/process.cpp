@@ -1,5 +1,7 @@
 #include "frugal/memory/process.h"
 
+#include <sys/resource.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -30,6 +32,12 @@ ProcessMemory process_memory() {
   m.anon = status_field(s, "RssAnon:");
   m.file = status_field(s, "RssFile:");
   return m;
+}
+
+int64_t major_page_faults() {
+  struct rusage usage;
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_majflt);
 }
 
 }  // namespace memory

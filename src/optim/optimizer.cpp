@@ -90,10 +90,16 @@ struct Optimizer::Impl {
   void update(Param& p, const at::Tensor& grad) {
     memory::CategoryScope scope(memory::Category::optimizer_state);
     const auto t0 = std::chrono::steady_clock::now();
+    auto moved = [&p] {
+      return (p.state.m ? p.state.m->transfer_seconds() : 0.0) + (p.state.v ? p.state.v->transfer_seconds() : 0.0);
+    };
+    const double moved_before = moved();
     apply_update(hyper(p.group), p.state, p.tensor, grad);
     update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state_transfer_seconds += moved() - moved_before;
   }
   double update_seconds = 0;
+  double state_transfer_seconds = 0;
 
   // The gradient of params[i] is complete (autograd accumulated it): it is a gradient from its
   // allocation on, for the tracker; in in-backward mode it is used and freed now.
@@ -313,6 +319,7 @@ void Optimizer::set_lr(size_t group, double lr) {
 }
 double Optimizer::last_grad_norm() const { return impl_->last_grad_norm; }
 double Optimizer::update_seconds() const { return impl_->update_seconds; }
+double Optimizer::state_transfer_seconds() const { return impl_->state_transfer_seconds; }
 int64_t Optimizer::steps_taken() const { return impl_->steps_taken; }
 
 TensorDict Optimizer::state_dict() const {

@@ -1,5 +1,7 @@
 #include "frugal/optim/state_buffer.h"
 
+#include <chrono>
+
 #include <c10/core/Allocator.h>
 
 #include <fcntl.h>
@@ -137,17 +139,24 @@ at::Tensor StateBuffer::load(int64_t begin, int64_t end, at::Device device) cons
     v = dense_.narrow(0, begin, end - begin);
     if (v.scalar_type() != at::kFloat) v = v.to(at::kFloat);
   }
-  return v.device() == device ? v : v.to(device, /*non_blocking=*/false);
+  if (v.device() == device) return v;
+  const auto t0 = std::chrono::steady_clock::now();
+  v = v.to(device, /*non_blocking=*/false);
+  transfer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return v;
 }
 
 void StateBuffer::store(int64_t begin, int64_t end, const at::Tensor& values) {
+  const bool moves = values.device() != device_;
+  const auto t0 = std::chrono::steady_clock::now();
   if (quantized_) {
-    quantized_->store(begin, end, values.to(device_));
-    return;
+    quantized_->store(begin, end, values.to(device_));  // quantized on the state's device, after the move
+  } else {
+    at::Tensor dst = dense_.narrow(0, begin, end - begin);
+    if (values.is_same(dst) || (values.data_ptr() == dst.data_ptr() && values.scalar_type() == dst.scalar_type())) return;
+    dst.copy_(values);
   }
-  at::Tensor dst = dense_.narrow(0, begin, end - begin);
-  if (values.is_same(dst) || (values.data_ptr() == dst.data_ptr() && values.scalar_type() == dst.scalar_type())) return;
-  dst.copy_(values);
+  if (moves) transfer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int64_t StateBuffer::bytes() const {

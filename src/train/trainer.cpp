@@ -237,6 +237,8 @@ class Trainer {
   void apply_memory_techniques() {
     if (r_.activation_budget <= 0) {
       model_->set_checkpointing(r_.checkpointing);
+      result_.recomputed_blocks = 0;
+      for (int64_t i = 0; i < cfg_.n_layers; ++i) result_.recomputed_blocks += r_.checkpointing.checkpoints(i) ? 1 : 0;
       return;
     }
     const auto [tokens, targets] = batch(0);
@@ -253,6 +255,7 @@ class Trainer {
                         std::to_string(checkpoint::min_achievable_bytes(costs)) + " bytes");
     }
     model_->set_plan(*plan);
+    result_.recomputed_blocks = plan->checkpointed_blocks();
     log_("activation plan for " + io::human_bytes(r_.activation_budget) + ": " + plan->describe() + " (predicted " +
          io::human_bytes(plan->predicted_bytes) + ")");
   }
@@ -291,7 +294,8 @@ class Trainer {
     const auto t0 = Clock::now();
     auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
     StepTiming timing;
-    const double update_before = optimizer_->update_seconds();
+    const double update_before = optimizer_->update_seconds(), io_before = optimizer_->state_transfer_seconds();
+    const int64_t faults_before = memory::major_page_faults();
     memory::mark_step(step);
     const auto [x, y] = batch(step);
     at::Tensor loss;
@@ -326,6 +330,8 @@ class Trainer {
     if (!std::isfinite(value)) throw std::runtime_error("the loss became " + std::to_string(value) + " at step " + std::to_string(step));
     result_.losses.push_back(value);
     timing.optimizer_s = optimizer_->update_seconds() - update_before;
+    timing.state_io_s = optimizer_->state_transfer_seconds() - io_before;
+    timing.major_faults = memory::major_page_faults() - faults_before;
     if (r_.in_backward()) timing.backward_s = std::max(0.0, timing.backward_s - timing.optimizer_s);
     timing.total_s = seconds_since(t0);
     result_.timings.push_back(timing);

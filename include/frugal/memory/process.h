@@ -20,6 +20,9 @@ struct ProcessMemory {
   int64_t file = 0;      // RssFile: resident pages of mapped files (code, libraries, mapped state, token files)
 };
 ProcessMemory process_memory();
+// Page faults so far that had to read from disk (getrusage's ru_majflt): mapped optimizer state
+// paged back in, among others.
+int64_t major_page_faults();
 
 }  // namespace memory
 }  // namespace frugal

@@ -149,6 +149,9 @@ class Optimizer {
   // Seconds spent in parameter updates since construction (in either mode; in in-backward mode
   // they run inside backward), state loads and stores included.
   double update_seconds() const;
+  // Of those, the seconds spent moving state chunks between their place (host memory, mapped
+  // files) and the parameter's device (StateBuffer::transfer_seconds).
+  double state_transfer_seconds() const;
 
   struct Impl;
 

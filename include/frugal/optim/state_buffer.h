@@ -90,6 +90,10 @@ class StateBuffer {
   // buffer is not quantized). Throws std::invalid_argument naming the prefix on a mismatch.
   void restore(const std::map<std::string, at::Tensor>& in, const std::string& prefix);
 
+  // Seconds load() and store() have spent moving chunks between the state's place and the
+  // parameter's device (host or mapped state of a GPU parameter); 0 when both are the same.
+  double transfer_seconds() const { return transfer_seconds_; }
+
  private:
   at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device);
   int64_t numel_ = 0, chunk_ = 0;
@@ -102,6 +106,7 @@ class StateBuffer {
   std::unique_ptr<QuantizedBuffer> quantized_;
   std::vector<std::pair<void*, size_t>> maps_;  // mmap placement
   std::string mmap_dir_;
+  mutable double transfer_seconds_ = 0;
 };
 
 }  // namespace optim

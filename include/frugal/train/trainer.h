@@ -68,6 +68,8 @@ struct StepTiming {
   double forward_s = 0;
   double backward_s = 0;   // backward with the recompute of checkpointed blocks
   double optimizer_s = 0;  // every parameter update of the step, wherever it ran
+  double state_io_s = 0;   // of optimizer_s: moving state chunks between their place and the device
+  int64_t major_faults = 0;  // pages the step read from disk (mapped state paged in, among others)
   double total_s = 0;      // the whole step, batch and bookkeeping included
 };
 
@@ -80,6 +82,7 @@ struct TrainResult {
   double tokens_per_s = 0;
   int64_t n_params = 0;
   int64_t vocab_size = 0;          // the model's (the tokenizer's when the recipe says 0)
+  int64_t recomputed_blocks = 0;   // blocks whose forward backward runs again (policy or budget plan)
   memory::PeakReport peak;         // over every step run here (memory::peak_over_steps; covers_* say which)
   MemoryEstimate estimate;         // this recipe
   MemoryEstimate estimate_plain;   // the same job with the techniques off
