@@ -131,6 +131,7 @@ int run_train(int argc, char** argv) {
   bool resume = false, dry_run = false, list_keys = false;
   std::string progress = "auto";
   int64_t memory_limit = -1;
+  int64_t stop_after = -1;
   std::string trace_out, trace_steps;
   Args args("train",
             "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
@@ -147,6 +148,9 @@ int run_train(int argc, char** argv) {
                   "FILE");
   args.add_bytes("memory-limit", &memory_limit,
                  "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit");
+  args.add_int("stop-after", &stop_after,
+               "stop after this many steps of train.steps, with a checkpoint (the schedule stays train.steps long); --resume continues",
+               1);
   args.add_string("trace-steps", &trace_steps,
                   "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary",
                   "LIST");
@@ -223,6 +227,7 @@ int run_train(int argc, char** argv) {
     result = train::run_training(recipe,
                                  train::TrainOptions()
                                      .resume(resume)
+                                     .stop_after(stop_after)
                                      .on_progress(shown.on_progress())
                                      .memory_limit(std::max<int64_t>(0, memory_limit))
                                      .keep_events(!trace_out.empty())

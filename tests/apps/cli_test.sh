@@ -112,6 +112,17 @@ else
   echo "FAIL: killed at $killed_at and resumed, the loss trajectory differs"; failed=$((failed + 1))
 fi
 
+# --stop-after: a run stopped on purpose halfway and resumed gives the uninterrupted run's losses.
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --stop-after 150 >"$tmp/half1.log" 2>&1 &&
+  "$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --resume >"$tmp/half2.log" 2>&1 || { echo "FAIL: --stop-after run"; cat "$tmp/half1.log" "$tmp/half2.log"; failed=$((failed + 1)); }
+if grep -q "to step 150:" "$tmp/half1.log" && grep -q "resumed from .*step-00000150" "$tmp/half2.log" &&
+   cmp -s <(grep '"loss"' "$tmp/straight/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//') \
+          <(grep '"loss"' "$tmp/halves/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//'); then
+  pass=$((pass + 1))
+else
+  echo "FAIL: --stop-after 150 then --resume does not continue the uninterrupted run"; failed=$((failed + 1))
+fi
+
 expect 0 "A fool" -- generate --checkpoint "$tmp/straight" --prompt "A fool" --tokens 5
 expect 2 "--checkpoint /nonexistent is not a folder" -- generate --checkpoint /nonexistent --prompt x
 mkdir -p "$tmp/corpus" && printf 'one fortune\n%%\nanother fortune here\n%%\nand a third\n' > "$tmp/corpus/f"
