@@ -220,10 +220,16 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // One slot for the region argument, then one per tensor.
     variable_list result(1 + n_in + region->params.size());
     if (!roots.empty() && !targets.empty()) {
+      // Backward through the recomputed graph accumulates the parameters' gradients straight into
+      // their .grad, each as soon as it is complete (so their accumulate-grad hooks fire one by one,
+      // and a step taken in backward frees each gradient before the next is made); the inputs'
+      // gradients are read back from the detached copies. As autograd::grad would give them, the
+      // Function's outputs for the parameters stay empty.
       const bool create_graph = at::GradMode::is_enabled();
-      const variable_list grads = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/create_graph,
-                                                        create_graph, /*allow_unused=*/true);
-      for (size_t k = 0; k < targets.size(); ++k) result[1 + target_slot[k]] = grads[k];
+      torch::autograd::backward(roots, root_grads, /*retain_graph=*/create_graph, create_graph, targets);
+      for (size_t k = 0; k < targets.size(); ++k) {
+        if (target_slot[k] < n_in) result[1 + target_slot[k]] = targets[k].grad();
+      }
     }
     outputs.clear();  // drop the recompute's graph before touching the buffers it saved
     roots.clear();

@@ -133,16 +133,17 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
     int64_t prefix = 0;
     for (int64_t i = 0; i < s->begin; ++i) prefix += layout.kept[static_cast<size_t>(i)];
     const int64_t live = (s->end - s->begin) * a.block_plain;
-    // The block's own first gradients (its last matrix's) are made early in its backward.
+    // The block's own first gradients (its last matrix's) are made early in its backward. In
+    // backward mode each gradient is used and freed as soon as it is complete (a checkpointed
+    // segment's recompute accumulates straight into .grad too): the update of the largest matrix,
+    // with its temporaries, while the block's activations are still live.
     moments.push_back({"backward of block " + std::to_string(s->end - 1), prefix + live,
                        a.block_backward_working_set + pending_head_grad,
                        a.block_largest_matrix + (in_backward ? 0 : later_grads)});
-    // In-backward mode, a checkpointed segment's backward hands every parameter's gradient over at
-    // once (the recompute's autograd::grad), and they are updated one by one while the rest wait.
-    if (in_backward && s->checkpointed) {
-      moments.push_back({"updates after block " + std::to_string(s->begin) + "'s backward", prefix,
+    if (in_backward) {
+      moments.push_back({"update in block " + std::to_string(s->end - 1) + "'s backward", prefix + live,
                          optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),
-                         (s->end - s->begin) * a.block_params});
+                         a.block_largest_matrix});
     }
     later_grads += (s->end - s->begin) * a.block_params;
   }
