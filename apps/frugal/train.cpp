@@ -120,7 +120,8 @@ double step_flops(const train::Recipe& r, const train::TrainResult& result) {
   models::DecoderConfig c = r.model;
   c.vocab_size = result.vocab_size;
   const models::DecoderFlops f = models::decoder_flops(c, r.batch_size, r.seq_len);
-  return 3 * f.forward + static_cast<double>(result.recomputed_blocks) * f.block_forward;
+  return static_cast<double>(r.optimizer.accumulation_steps()) *
+         (3 * f.forward + static_cast<double>(result.recomputed_blocks) * f.block_forward);
 }
 
 }  // namespace

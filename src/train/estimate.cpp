@@ -106,7 +106,8 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
     S = 0;
   }
   const int64_t tables = optim::shared_code_table_bytes(numels, r.optimizer);
-  const int64_t input = 2 * BT * 8;  // inputs and targets, int64
+  // inputs and targets, int64, of the whole step (every micro-batch's rows)
+  const int64_t input = checked_mul(2 * BT * 8, r.optimizer.accumulation_steps(), "the input bytes");
   const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss);
   est.activation_per_layer = a.block_plain;
   const BlockLayout layout = block_layout(r, a, L);
@@ -151,6 +152,11 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   if (!in_backward) {
     const int64_t largest = *std::max_element(numels.begin(), numels.end());
     moments.push_back({"optimizer step", 0, optim::update_temporary_bytes(largest, r.dtype, r.device, r.optimizer), P});
+  }
+  // Accumulating over micro-batches (standard mode), every gradient stays live from the first
+  // micro-batch's backward to the update: through every later forward and backward.
+  if (!in_backward && r.optimizer.accumulation_steps() > 1) {
+    for (Moment& m : moments) m.gradient = std::max(m.gradient, P);
   }
   const Moment peak = *std::max_element(moments.begin(), moments.end(),
                                         [](const Moment& x, const Moment& y) { return x.total() < y.total(); });

@@ -125,6 +125,7 @@ const std::vector<Field>& fields() {
       STRING_FIELD("data.tokens", r.tokens),
       DOUBLE_FIELD("data.val_fraction", r.val_fraction, 0.0),
       INT_FIELD("train.batch_size", r.batch_size, 1),
+      INT_FIELD("train.gradient_accumulation_steps", r.optimizer.accumulation_steps(), 1),
       INT_FIELD("train.seq_len", r.seq_len, 1),
       INT_FIELD("train.steps", r.steps, 1),
       INT_FIELD("train.seed", r.seed, 0),
@@ -233,6 +234,12 @@ void validate(Recipe& r, const std::string& source) {
   }
   if (r.val_fraction >= 1) bad("data.val_fraction must be below 1");
   if (r.optimizer.beta1() >= 1 || r.optimizer.beta2() >= 1) bad("optimizer.beta1 and optimizer.beta2 must be below 1");
+  if (r.in_backward() && r.optimizer.accumulation_steps() > 1) {
+    bad("train.gradient_accumulation_steps " + std::to_string(r.optimizer.accumulation_steps()) +
+        " needs optimizer.in_backward=false: stepping in backward uses each gradient and frees it at once, so "
+        "there is nothing to accumulate into; accumulate in standard mode, or raise train.batch_size (with "
+        "memory.checkpointing to keep the activations small)");
+  }
   if (r.in_backward() && r.optimizer.clip() == optim::Clip::global_norm) {
     bad("optimizer.clip global_norm cannot run inside backward in one pass; use global_norm_two_pass or per_param_norm");
   }

@@ -298,35 +298,44 @@ class Trainer {
     const int64_t faults_before = memory::major_page_faults();
     memory::mark_step(step);
     const auto [x, y] = batch(step);
-    at::Tensor loss;
+    // Gradient accumulation: the step's batch in micro-batches of train.batch_size rows, each loss
+    // scaled by 1/K so the accumulated gradient is the whole batch's mean; the optimizer updates on
+    // the K-th step() call.
+    const int64_t micro = r_.optimizer.accumulation_steps();
+    double value = 0;
     try {
-      {
-        memory::PhaseScope fw(memory::Phase::forward);
-        const auto t = Clock::now();
-        loss = model_->loss(x, y, r_.loss);
-        timing.forward_s = seconds_since(t);
+      for (int64_t k = 0; k < micro; ++k) {
+        at::Tensor loss;
+        const at::Tensor xk = micro == 1 ? x : x.narrow(0, k * r_.batch_size, r_.batch_size);
+        const at::Tensor yk = micro == 1 ? y : y.narrow(0, k * r_.batch_size, r_.batch_size);
+        {
+          memory::PhaseScope fw(memory::Phase::forward);
+          const auto t = Clock::now();
+          loss = model_->loss(xk, yk, r_.loss);
+          if (micro > 1) loss = loss / static_cast<double>(micro);
+          timing.forward_s += seconds_since(t);
+        }
+        check_memory_limit();
+        {
+          memory::PhaseScope bw(memory::Phase::backward);
+          const auto t = Clock::now();
+          optimizer_->backward(loss);
+          timing.backward_s += seconds_since(t);
+        }
+        check_memory_limit();
+        {
+          memory::PhaseScope op(memory::Phase::optimizer);
+          optimizer_->step();
+        }
+        check_memory_limit();
+        optimizer_->zero_grad();  // a no-op until the K-th micro-batch
+        value += loss.item<double>();
       }
-      check_memory_limit();
-      {
-        memory::PhaseScope bw(memory::Phase::backward);
-        const auto t = Clock::now();
-        optimizer_->backward(loss);
-        timing.backward_s = seconds_since(t);
-      }
-      check_memory_limit();
-      {
-        memory::PhaseScope op(memory::Phase::optimizer);
-        optimizer_->step();
-      }
-      check_memory_limit();
     } catch (const c10::Error&) {
       check_memory_limit();  // the allocator ran out: it told the tracker what was asked for; explain with that
       throw;
     }
-    optimizer_->zero_grad();
     schedule_->step();
-    const double value = loss.item<double>();
-    loss.reset();
     if (!std::isfinite(value)) throw std::runtime_error("the loss became " + std::to_string(value) + " at step " + std::to_string(step));
     result_.losses.push_back(value);
     timing.optimizer_s = optimizer_->update_seconds() - update_before;
@@ -340,7 +349,7 @@ class Trainer {
 
   // The step's metrics line and progress report (`done` steps are done).
   void report_step(int64_t done, double loss) {
-    const int64_t tokens = r_.batch_size * r_.seq_len;
+    const int64_t tokens = r_.batch_size * r_.optimizer.accumulation_steps() * r_.seq_len;
     tokens_since_log_ += tokens;
     const auto now = Clock::now();
     const double elapsed = std::chrono::duration<double>(now - t_start_).count();
@@ -389,7 +398,7 @@ class Trainer {
   TrainResult finish() {
     result_.last_step = std::max(start_, stop_);
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_start_).count();
-    result_.tokens_per_s = static_cast<double>((result_.last_step - start_) * r_.batch_size * r_.seq_len) / std::max(elapsed, 1e-9);
+    result_.tokens_per_s = static_cast<double>((result_.last_step - start_) * r_.batch_size * r_.optimizer.accumulation_steps() * r_.seq_len) / std::max(elapsed, 1e-9);
     result_.peak = peak_memory_after_training();
     result_.process_after_steps = memory::process_memory();
     result_.tracked_after_steps = tracker_->live_bytes();
@@ -421,7 +430,8 @@ class Trainer {
   // inputs, targets: (B, T) int64 on the device; the window positions depend on (seed, step) only.
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
     memory::CategoryScope scope(memory::Category::input);
-    auto b = dataset_->train_batch(step, r_.batch_size, r_.seq_len, static_cast<uint64_t>(r_.seed));
+    auto b = dataset_->train_batch(step, r_.batch_size * r_.optimizer.accumulation_steps(), r_.seq_len,
+                                   static_cast<uint64_t>(r_.seed));
     return std::make_pair(b.first.to(r_.device), b.second.to(r_.device));
   }
 

@@ -60,6 +60,39 @@ TEST(Trainer, LossFallsAndGenerationRuns) {
   EXPECT_FALSE(r.checkpoint.empty());
 }
 
+TEST(Trainer, GradientAccumulationFollowsTheFullBatch) {
+  // Two micro-batches of 4 rows against one batch of 8: the same rows, the gradient the same mean
+  // up to rounding, so the losses agree to rounding; the run counts the whole batch's tokens.
+  const std::vector<std::string> o = {"train.steps=12", "optimizer.in_backward=false", "memory.checkpointing=full",
+                                      "schedule.warmup_steps=2"};
+  auto with = [&](const std::string& run, std::vector<std::string> extra) {
+    extra.insert(extra.begin(), o.begin(), o.end());
+    return train::run_training(tiny(run, extra), train::TrainOptions().sample(false), quiet);
+  };
+  const auto full = with("accum-full", {"train.batch_size=8"});
+  const auto accum = with("accum-2x4", {"train.batch_size=4", "train.gradient_accumulation_steps=2"});
+  const auto half = with("accum-half", {"train.batch_size=4"});
+  ASSERT_EQ(full.losses.size(), 12u);
+  ASSERT_EQ(accum.losses.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) EXPECT_NEAR(accum.losses[i], full.losses[i], 2e-4 * full.losses[i]) << "step " << i;
+  // not vacuous: half the batch without accumulation follows another trajectory
+  EXPECT_GT(std::abs(half.losses[11] - full.losses[11]), 1e-3);
+  // the estimate counts the whole step's input rows
+  EXPECT_EQ(accum.estimate.by_category[static_cast<int>(memory::Category::input)],
+            full.estimate.by_category[static_cast<int>(memory::Category::input)]);
+}
+
+TEST(Trainer, GradientAccumulationInBackwardIsRefusedWithTheReason) {
+  try {
+    tiny("accum-inbw", {"optimizer.in_backward=true", "train.gradient_accumulation_steps=4"});
+    FAIL() << "accumulation with the optimizer in backward was accepted";
+  } catch (const train::RecipeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("train.gradient_accumulation_steps 4 needs optimizer.in_backward=false"), std::string::npos) << m;
+    EXPECT_NE(m.find("nothing to accumulate into"), std::string::npos) << m;
+  }
+}
+
 TEST(Trainer, StoppedAndResumedRunFollowsTheSameTrajectory) {
   for (const char* in_backward : {"false", "true"}) {
     SCOPED_TRACE(std::string("in_backward=") + in_backward);
@@ -136,6 +169,7 @@ TEST(Trainer, EstimateMatchesTheMeasuredPeakByCategory) {
       {"memory.activation_budget=8000000", "train.batch_size=16", "train.seq_len=64", "memory.chunked_loss=true"},
       {"model.dtype=bf16", "optimizer.in_backward=true", "memory.checkpointing=full", "optimizer.stochastic_rounding=true"},
       {"model.arch=gpt2", "model.ffn_dim=256", "model.n_kv_heads=4", "model.tie_embeddings=false"},
+      {"train.gradient_accumulation_steps=2", "train.batch_size=4", "memory.checkpointing=every_2"},
   };
   for (const auto& o : configs) {
     std::string label;

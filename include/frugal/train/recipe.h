@@ -44,7 +44,8 @@ struct Recipe {
   std::string tokens;                    // the token file; made from the corpus when missing
   double val_fraction = 0.05;
   // train
-  int64_t batch_size = 8;
+  int64_t batch_size = 8;                // rows per micro-batch; a step takes
+                                         // optimizer.accumulation_steps() (train.gradient_accumulation_steps) of them
   int64_t seq_len = 128;
   int64_t steps = 100;
   int64_t seed = 0;
