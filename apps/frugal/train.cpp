@@ -178,7 +178,7 @@ int run_train(int argc, char** argv) {
   args.add_flag("dry-run", &dry_run, "estimate the peak memory per category without allocating the model, then stop");
   args.add_output("json-out", &json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
   args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
-  args.add_flag("list-keys", &list_keys, "print every recipe key and stop");
+  args.add_flag("list-keys", &list_keys, "print every recipe key with its type, default and meaning, and stop");
   args.add_output("trace-out", &trace_out,
                   "write the allocation timeline (JSON, for frugal report); bound it on long runs with --trace-steps",
                   "FILE");
@@ -193,7 +193,10 @@ int run_train(int argc, char** argv) {
   // RECIPE is optional with --list-keys
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--list-keys") {
-      for (const auto& k : train::recipe_keys()) std::cout << k << "\n";
+      for (const auto& k : train::recipe_key_docs()) {
+        std::cout << k.key << "  (" << k.type << "; default " << (k.default_value.empty() ? "\"\"" : k.default_value)
+                  << ")\n    " << k.meaning << "\n";
+      }
       return 0;
     }
   }

@@ -28,6 +28,7 @@ struct Field {
   std::string key;
   std::function<void(Recipe&, const std::string&)> set;  // throws a "what is allowed" message
   std::function<std::string(const Recipe&)> get;
+  std::string type = "text";  // what --list-keys shows
 };
 
 int64_t to_int(const std::string& v, int64_t min, int64_t max) {
@@ -104,21 +105,37 @@ std::string fmt(double d) {
   return s.str();
 }
 
+// "one of a, b, c": what a parser that refuses "" says is allowed.
+template <typename F>
+std::string allowed_text(F parse) {
+  try {
+    parse("");
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "text";
+}
+
 // Each macro takes the recipe member as an expression of `r` (TORCH_ARG accessors included):
 // assigned when the key is read, read when the recipe is written back.
 #define INT_FIELD(key, expr, min, max) \
-  {key, [](Recipe& r, const std::string& v) { expr = to_int(v, min, max); }, [](const Recipe& r) { return std::to_string(expr); }}
+  {key, [](Recipe& r, const std::string& v) { expr = to_int(v, min, max); }, [](const Recipe& r) { return std::to_string(expr); }, \
+   "integer " + std::to_string(min) + ".." + std::to_string(max)}
 #define DOUBLE_FIELD(key, expr, min) \
-  {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min); }, [](const Recipe& r) { return fmt(expr); }}
+  {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min); }, [](const Recipe& r) { return fmt(expr); }, \
+   "number >= " + fmt(min)}
 #define BOOL_FIELD(key, expr) \
-  {key, [](Recipe& r, const std::string& v) { expr = to_bool(v); }, [](const Recipe& r) { return std::string(expr ? "true" : "false"); }}
+  {key, [](Recipe& r, const std::string& v) { expr = to_bool(v); }, [](const Recipe& r) { return std::string(expr ? "true" : "false"); }, \
+   "true or false"}
 #define STRING_FIELD(key, expr) \
   {key, [](Recipe& r, const std::string& v) { expr = v; }, [](const Recipe& r) { return expr; }}
 #define CHOICE_FIELD(key, expr, ...) \
-  {key, [](Recipe& r, const std::string& v) { expr = one_of(v, {__VA_ARGS__}); }, [](const Recipe& r) { return expr; }}
+  {key, [](Recipe& r, const std::string& v) { expr = one_of(v, {__VA_ARGS__}); }, [](const Recipe& r) { return expr; }, \
+   allowed_text([](const std::string& v) { return one_of(v, {__VA_ARGS__}); })}
 // An enum with its layer's name table: parse (text -> optional), name (value -> text), all (every value).
 #define ENUM_FIELD(key, expr, parse, name, all) \
-  {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }}
+  {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }, \
+   allowed_text([](const std::string& v) { return one_of(parse(v), all, name); })}
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
@@ -151,7 +168,7 @@ const std::vector<Field>& fields() {
       INT_FIELD("train.keep_checkpoints", r.keep_checkpoints, 1, kMaxTokens),
       STRING_FIELD("train.out_dir", r.out_dir),
       {"train.device", [](Recipe& r, const std::string& v) { r.device = to_device(v); },
-       [](const Recipe& r) { return r.device.str(); }},
+       [](const Recipe& r) { return r.device.str(); }, "cpu, cuda or cuda:N"},
       STRING_FIELD("train.sample_prompt", r.sample_prompt),
       INT_FIELD("train.sample_tokens", r.sample_tokens, 0, kMaxTokens),
       ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name,
@@ -164,7 +181,7 @@ const std::vector<Field>& fields() {
       DOUBLE_FIELD("optimizer.momentum", r.optimizer.momentum(), 0.0),
       {"optimizer.in_backward",
        [](Recipe& r, const std::string& v) { r.optimizer.mode(to_bool(v) ? optim::Mode::in_backward : optim::Mode::standard); },
-       [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }},
+       [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }, "true or false"},
       ENUM_FIELD("optimizer.clip", r.optimizer.clip(), optim::parse_clip, optim::clip_name, optim::kAllClips),
       DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0),
       ENUM_FIELD("optimizer.state_precision", r.optimizer.state().precision(), optim::parse_precision,
@@ -185,14 +202,14 @@ const std::vector<Field>& fields() {
            throw std::invalid_argument(std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names());
          }
        },
-       [](const Recipe& r) { return r.checkpointing.name(); }},
+       [](const Recipe& r) { return r.checkpointing.name(); }, std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names()},
       {"memory.activation_budget",
        [](Recipe& r, const std::string& v) {
          const auto b = io::parse_bytes(v);
          if (!b) throw std::invalid_argument("a byte count such as 0, 500000000 or 2GiB");
          r.activation_budget = *b;
        },
-       [](const Recipe& r) { return std::to_string(r.activation_budget); }},
+       [](const Recipe& r) { return std::to_string(r.activation_budget); }, "bytes (500000000, 2GiB)"},
       BOOL_FIELD("memory.chunked_loss", r.loss.chunked()),
       INT_FIELD("memory.loss_chunk", r.loss.chunk_size(), 1, kMaxCount),
   };
@@ -372,6 +389,79 @@ std::optional<at::ScalarType> parse_dtype(const std::string& name) {
     if (name == dtype_name(t)) return t;
   }
   return std::nullopt;
+}
+
+namespace {
+
+// One line per key for --list-keys (RecipeKeys.EveryKeyIsDocumented checks none is missing).
+const std::map<std::string, const char*>& meanings() {
+  static const std::map<std::string, const char*> m = {
+      {"name", "the run's name, shown in summaries"},
+      {"model.arch", "decoder family: Llama (RMSNorm, rotary, SwiGLU) or GPT-2"},
+      {"model.vocab_size", "vocabulary size; 0 takes the tokenizer's"},
+      {"model.dim", "model width d_model"},
+      {"model.n_layers", "number of Transformer blocks"},
+      {"model.n_heads", "attention heads (divides model.dim)"},
+      {"model.n_kv_heads", "key/value heads for grouped-query attention (divides model.n_heads)"},
+      {"model.ffn_dim", "hidden width of each block's MLP"},
+      {"model.max_seq_len", "longest sequence the model accepts (train.seq_len at most this)"},
+      {"model.rope_theta", "base of the rotary position embeddings"},
+      {"model.norm_eps", "epsilon of the normalisation layers"},
+      {"model.tie_embeddings", "share the token embedding with the output head"},
+      {"model.dtype", "dtype of parameters and activations"},
+      {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init)"},
+      {"data.corpus", "text file or folder the tokenizer and tokens are made from"},
+      {"data.tokenizer", "SentencePiece .model, trained when missing (empty: <out_dir>/tokenizer.model)"},
+      {"data.tokens", "token file, made when missing (empty: <out_dir>/corpus.tokens)"},
+      {"data.val_fraction", "share of the tokens held out for validation, above 0 and below 1"},
+      {"train.batch_size", "sequences per step"},
+      {"train.seq_len", "tokens per sequence"},
+      {"train.steps", "optimizer steps of the run (the schedule's length)"},
+      {"train.seed", "seed of initialisation, batches and dropout"},
+      {"train.log_interval", "steps between metric lines"},
+      {"train.eval_interval", "steps between validation losses (0: never)"},
+      {"train.eval_batches", "batches per validation loss"},
+      {"train.checkpoint_interval", "steps between checkpoints (0: only at the end)"},
+      {"train.keep_checkpoints", "checkpoints kept in train.out_dir (older ones are pruned)"},
+      {"train.out_dir", "folder for checkpoints, metrics and (by default) the data files"},
+      {"train.device", "where the model trains"},
+      {"train.sample_prompt", "text continued after training to show a sample"},
+      {"train.sample_tokens", "tokens generated for the sample (0: none)"},
+      {"optimizer.algorithm", "the update rule"},
+      {"optimizer.lr", "peak learning rate"},
+      {"optimizer.weight_decay", "decoupled weight decay (adamw) or L2 penalty"},
+      {"optimizer.beta1", "Adam's first-moment decay, below 1"},
+      {"optimizer.beta2", "Adam's second-moment decay, below 1"},
+      {"optimizer.eps", "Adam's denominator epsilon"},
+      {"optimizer.momentum", "SGD momentum"},
+      {"optimizer.in_backward", "update each parameter inside backward and free its gradient at once"},
+      {"optimizer.clip", "gradient clipping"},
+      {"optimizer.max_grad_norm", "the clipping threshold"},
+      {"optimizer.state_precision", "precision of Adam's moments"},
+      {"optimizer.state_placement", "where Adam's moments live"},
+      {"optimizer.state_dir", "folder of the mapped state files (state_placement mmap)"},
+      {"optimizer.stochastic_rounding", "round bf16 parameter updates stochastically"},
+      {"schedule.kind", "learning-rate schedule"},
+      {"schedule.warmup_steps", "steps of linear warm-up (below train.steps for cosine and linear_decay)"},
+      {"schedule.min_lr_ratio", "final learning rate as a share of optimizer.lr"},
+      {"memory.checkpointing", "activation checkpointing policy"},
+      {"memory.activation_budget", "bytes of activations to fit by planning the checkpointing (0: use memory.checkpointing)"},
+      {"memory.chunked_loss", "compute the loss in token chunks, never all logits at once"},
+      {"memory.loss_chunk", "tokens per chunk of the chunked loss"},
+  };
+  return m;
+}
+
+}  // namespace
+
+std::vector<RecipeKey> recipe_key_docs() {
+  const Recipe defaults;
+  std::vector<RecipeKey> out;
+  for (const auto& f : fields()) {
+    const auto it = meanings().find(f.key);
+    out.push_back({f.key, f.type, f.get(defaults), it == meanings().end() ? "" : it->second});
+  }
+  return out;
 }
 
 std::vector<std::string> recipe_keys() {

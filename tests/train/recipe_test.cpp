@@ -197,3 +197,25 @@ TEST(Recipe, DataPathsFollowTheOutputFolder) {
   EXPECT_EQ(set.tokenizer, "t.model");
   EXPECT_EQ(parse_recipe(recipe_to_yaml(r), "saved.yaml").tokenizer, "out/on/tokenizer.model");
 }
+
+// --list-keys prints these: every key has a type, a default that parses back and a meaning.
+TEST(Recipe, EveryKeyIsDocumented) {
+  const auto docs = recipe_key_docs();
+  ASSERT_EQ(docs.size(), recipe_keys().size());
+  std::vector<std::string> every_default;  // all set together: the defaults agree with each other
+  for (const RecipeKey& k : docs) {
+    EXPECT_FALSE(k.meaning.empty()) << k.key;
+    EXPECT_FALSE(k.type.empty()) << k.key;
+    if (k.key.rfind("data.", 0) != 0) every_default.push_back(k.key + "=" + k.default_value);
+  }
+  const Recipe r = parse_recipe("data:\n  corpus: /tmp/x\n", "r.yaml", every_default);
+  EXPECT_EQ(recipe_to_yaml(r), recipe_to_yaml(parse_recipe("data:\n  corpus: /tmp/x\n", "r.yaml")));
+  for (const RecipeKey& k : docs) {
+    if (k.key == "optimizer.algorithm") {
+      EXPECT_EQ(k.type, "one of sgd, adam, adamw");
+    }
+    if (k.key == "train.steps") {
+      EXPECT_EQ(k.default_value, "100");
+    }
+  }
+}

@@ -88,6 +88,11 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
 std::string recipe_to_yaml(const Recipe& recipe);
 // Every key, as "section.key".
 std::vector<std::string> recipe_keys();
+// Every key with what it takes, its default (the value when a recipe leaves it out) and one line of meaning.
+struct RecipeKey {
+  std::string key, type, default_value, meaning;
+};
+std::vector<RecipeKey> recipe_key_docs();
 
 }  // namespace train
 }  // namespace frugal
