@@ -209,7 +209,7 @@ int run_train(int argc, char** argv) {
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }
-  check_recipe_inputs(recipe, /*data=*/!dry_run);
+  if (!dry_run) check_recipe_inputs(recipe, /*data=*/true);  // a dry run estimates any device's memory, on any machine
 
   if (dry_run) {
     int64_t vocab = recipe.model.vocab_size;

@@ -78,7 +78,7 @@ for i in range(1, 9): s += "l%d: &l%d [%s]\n" % (i, i, ", ".join(["*l%d" % (i - 
 open(sys.argv[1], "w").write(s)' "$tmp/laughs.yaml"
 expect 2 "laughs.yaml: expands to more than" -- train "$tmp/laughs.yaml"
 expect 2 "model.vocab_size must be an integer from 0 to 2147483647" -- train tiny --dry-run model.vocab_size=9223372036854775807
-expect 2 "model.vocab_size=2147483647, model.dim=2147483646: too large" -- train tiny --dry-run model.vocab_size=2147483647 model.dim=2147483646 model.n_heads=2 model.n_kv_heads=1
+expect 2 "model.vocab_size=2147483647, model.dim=33554432: too large" -- train tiny --dry-run model.vocab_size=2147483647 model.dim=33554432 model.n_heads=2 model.n_kv_heads=1
 expect 2 "train.seq_len=16777216: too large" -- train tiny --dry-run model.max_seq_len=16777216 train.seq_len=16777216
 expect 2 "train.steps=3 (from the command line)" -- train tiny train.steps=3
 expect 2 "data.val_fraction=0 (from the command line): it must be above 0" -- train tiny data.val_fraction=0
@@ -87,6 +87,7 @@ expect 2 "--memory-limit must be above 0" -- train tiny --memory-limit 0
 expect 2 "train.device must be cpu, cuda or cuda:N, got 'cuda:abc'" -- train tiny train.device=cuda:abc
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   expect 2 "train.device cuda is not available" -- train tiny train.device=cuda
+  expect 0 "estimated peak" -- train tiny --dry-run train.device=cuda model.vocab_size=512
 fi
 expect 2 "data.corpus /nonexistent does not exist" -- train tiny data.corpus=/nonexistent train.out_dir="$tmp/nocorpus"
 expect 2 "model.init_from /nonexistent is not a folder" -- train tiny model.init_from=/nonexistent
