@@ -1,5 +1,5 @@
 // frugal account — where the training memory of a Transformer stack goes, with and without
-// activation checkpointing. Prints a table, writes the JSON (see bench/memory_account.h).
+// activation checkpointing. Prints a table; --json-out writes the JSON (see bench/memory_account.h).
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
@@ -89,7 +89,7 @@ void write_account_table(const bench::AccountResult& r, std::ostream& out) {
 int run_account(int argc, char** argv) {
   bench::AccountConfig config;
   int64_t seed = 0;
-  std::string json_out = "account.json";
+  std::string json_out;  // none unless asked for
   bool skip_timing = false;
   int64_t budget = -1;
   std::string trace_out;
@@ -97,13 +97,13 @@ int run_account(int argc, char** argv) {
             "Measure parameter, gradient and AdamW-state bytes of a stack of pre-LN Transformer blocks, and\n"
             "the activation bytes kept for backward with no checkpointing, full, every second block and\n"
             "selective checkpointing, against a per-layer formula. With --budget, also plans which blocks\n"
-            "to checkpoint to fit an activation budget and measures the plan. Prints a table and writes JSON.");
+            "to checkpoint to fit an activation budget and measures the plan. Prints a table (and JSON with --json-out).");
   add_stack_flags(args, config);
   args.add_int("seed", &seed, "random seed", 0);
-  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_output("json-out", &json_out, "also write the result as JSON here ('-' for standard output)", "FILE");
   args.add_bytes("budget", &budget,
                   "activation budget: plan which blocks to checkpoint so the activation peak fits, then measure it");
-  args.add_string("trace-out", &trace_out, "write the allocation timeline (JSON; frugal report reads it)", "FILE");
+  args.add_output("trace-out", &trace_out, "write the allocation timeline (JSON; frugal report reads it)", "FILE");
   args.add_flag("skip-timing", &skip_timing, "do not time forward+backward (time_s is null)");
   if (!args.parse(argc, argv, 2)) return 0;
   config.seed = static_cast<uint64_t>(seed);
@@ -127,8 +127,10 @@ int run_account(int argc, char** argv) {
   write_account_table(result, table);
   bench::write_account_json(result, json);
   (json_to_stdout ? std::cerr : std::cout) << table.str();
-  write_output(json_out, json.str());
-  if (!json_to_stdout) std::cout << "\nwrote " << json_out << "\n";
+  if (!json_out.empty()) {
+    write_output(json_out, json.str());
+    if (!json_to_stdout) std::cout << "\nwrote " << json_out << "\n";
+  }
   if (!trace_out.empty()) {
     std::ostringstream trace;
     result.tracker->write_timeline_json(trace);

@@ -2,6 +2,9 @@
 
 #include "frugal/io/units.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
@@ -58,6 +61,16 @@ void Args::add_string(const std::string& name, std::string* target, const std::s
                       if (text.empty()) throw UsageError("--" + name + " needs a non-empty value");
                       *target = text;
                     }});
+}
+
+void Args::add_output(const std::string& name, std::string* target, const std::string& help,
+                      const std::string& metavar) {
+  add_string(name, target, help, metavar);
+  auto set = flags_.back().set;
+  flags_.back().set = [=](const std::string& text) {
+    set(text);
+    check_output_path("--" + name, text);
+  };
 }
 
 void Args::add_bytes(const std::string& name, int64_t* target, const std::string& help) {
@@ -144,6 +157,24 @@ bool Args::parse(int argc, char** argv, int first) {
     throw UsageError("missing " + positionals_[next_positional].name + " (see 'frugal " + command_ + " --help')");
   }
   return true;
+}
+
+void check_output_path(const std::string& flag, const std::string& path) {
+  if (path == "-") return;
+  struct stat st {};
+  if (path.empty() || path.back() == '/' || (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
+    throw UsageError(flag + " " + path + " is a folder: give a file name");
+  }
+  // The nearest existing ancestor must be a folder we may write into (the rest is made).
+  std::string dir = path;
+  for (;;) {
+    const auto slash = dir.find_last_of('/');
+    dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+    if (::stat(dir.c_str(), &st) == 0) break;
+    if (dir == "." || dir == "/") break;
+  }
+  if (!S_ISDIR(st.st_mode)) throw UsageError(flag + " " + path + ": " + dir + " is not a folder");
+  if (::access(dir.c_str(), W_OK) != 0) throw UsageError(flag + " " + path + ": cannot write into " + dir);
 }
 
 std::string Args::help() const {

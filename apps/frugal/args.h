@@ -30,6 +30,9 @@ class Args {
   void add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value);
   void add_string(const std::string& name, std::string* target, const std::string& help,
                   const std::string& metavar = "VALUE");
+  // A file the command writes (add_string, then check_output_path on the value while parsing).
+  void add_output(const std::string& name, std::string* target, const std::string& help,
+                  const std::string& metavar = "FILE");
   // A byte count: 123, 64MiB, 1.5GiB, 20M, 512K. Unset flags keep *target at -1 (help shows none).
   void add_bytes(const std::string& name, int64_t* target, const std::string& help);
   // A device flag: "cpu", "cuda", "cuda:N".
@@ -61,6 +64,10 @@ class Args {
   std::vector<std::string>* rest_ = nullptr;
   std::string rest_metavar_;
 };
+
+// Refuses, before any work, an output path the command could not write at its end: a folder, a
+// name ending in '/', or one whose parent is not a folder and cannot be made. "-" (stdout) passes.
+void check_output_path(const std::string& flag, const std::string& path);
 
 // The shape flags of a Transformer stack (--layers --width --heads --batch --seq --device), for any
 // config with those fields.

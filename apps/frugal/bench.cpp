@@ -31,9 +31,10 @@ const char* kBenchUsage =
 }  // namespace
 
 int run_bench(int argc, char** argv) {
-  if (argc < 3 || std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
+  if (argc < 3) throw UsageError("bench needs a benchmark name (checkpoint, chunked-loss, optim-in-backward, train, optim-state); 'frugal bench --help' lists them");
+  if (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
     std::cout << kBenchUsage;
-    return argc < 3 ? 2 : 0;
+    return 0;
   }
   const std::string name = argv[2];
   if (name == "checkpoint") return bench_checkpoint(argc, argv);

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "frugal/bench/memory_account.h"
 #include "frugal/io/json.h"
+#include "frugal/io/units.h"
 
 namespace frugal {
 namespace cli {
@@ -25,7 +26,7 @@ int bench_checkpoint(int argc, char** argv) {
             "for backward for each checkpointing policy, and prints both as ratios against no checkpointing.");
   add_stack_flags(args, config);
   args.add_int("runs", &runs, "timed runs per policy", 1);
-  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   config.timing_runs = static_cast<int>(runs);
   config.budget_fractions = {0.25, 0.5, 0.75};
@@ -80,9 +81,9 @@ int bench_checkpoint(int argc, char** argv) {
         .key("recompute_s").value(b.plan.recompute_s)
         .key("max_grad_diff").value(b.max_grad_diff)
         .end_object();
-    std::fprintf(stderr, "budget %.0f%%: %s  predicted %lld  measured %lld (%.3f)  time_ratio %.3f\n", fractions[i] * 100,
-                 b.plan.describe().c_str(), static_cast<long long>(b.plan.predicted_bytes),
-                 static_cast<long long>(b.measured_bytes),
+    std::fprintf(stderr, "budget %.0f%%: %s  predicted %s  measured %s (%.3f)  time_ratio %.3f\n", fractions[i] * 100,
+                 b.plan.describe().c_str(), io::human_bytes(b.plan.predicted_bytes).c_str(),
+                 io::human_bytes(b.measured_bytes).c_str(),
                  static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes), *b.time_s / *none->time_s);
   }
   w.end_array();

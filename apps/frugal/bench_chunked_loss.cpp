@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "frugal/bench/loss_benchmark.h"
 #include "frugal/io/json.h"
+#include "frugal/io/units.h"
 
 namespace frugal {
 namespace cli {
@@ -24,7 +25,7 @@ int bench_chunked_loss(int argc, char** argv) {
   args.add_int("chunk", &config.chunk, "tokens per chunk", 1);
   args.add_int("runs", &runs, "timed runs (after one warm-up)", 1);
   args.add_device("device", &config.device, "where the tensors live");
-  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   config.timing_runs = static_cast<int>(runs);
   warn_if_slow_blas();
@@ -51,8 +52,8 @@ int bench_chunked_loss(int argc, char** argv) {
   w.key("loss_plain").value(r.loss_plain);
   w.key("loss_chunked").value(r.loss_chunked);
   w.end_object();
-  std::fprintf(stderr, "peak bytes: plain %lld, chunked %lld (memory_ratio %.3f); time_ratio %.3f; max_rel_grad_diff %.2e\n",
-               static_cast<long long>(r.peak_bytes_plain), static_cast<long long>(r.peak_bytes_chunked), memory_ratio,
+  std::fprintf(stderr, "peak: plain %s, chunked %s (memory_ratio %.3f); time_ratio %.3f; max_rel_grad_diff %.2e\n",
+               io::human_bytes(r.peak_bytes_plain).c_str(), io::human_bytes(r.peak_bytes_chunked).c_str(), memory_ratio,
                time_ratio, r.max_rel_grad_diff);
   write_output(json_out, json.str());
   return 0;

@@ -24,7 +24,7 @@ int bench_optim_in_backward(int argc, char** argv) {
   args.add_string("policy", &c.policy, "activation checkpointing: none, full, every_K, selective", "POLICY");
   args.add_int("runs", &runs, "timed steps per mode", 1);
   std::string json_out = "-";
-  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   c.timing_runs = static_cast<int>(runs);
   if (c.width % c.heads != 0) throw UsageError("--width must be divisible by --heads");

@@ -9,6 +9,7 @@
 #include "args.h"
 #include "commands.h"
 #include "frugal/io/json.h"
+#include "frugal/io/units.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/quantize.h"
 #include "frugal/train/trainer.h"
@@ -19,7 +20,7 @@ namespace cli {
 
 int bench_optim_state(int argc, char** argv) {
   int64_t params = 50'000'000, steps = 0, runs = 5;
-  std::string json_out = "-", recipe_path = std::string(FRUGAL_SOURCE_DIR) + "/recipes/default.yaml";
+  std::string json_out = "-", recipe_path = "default";
   Args args("bench optim-state",
             "AdamW with its two moments in fp32, bf16, 8-bit and 4-bit blocks: bytes per parameter and the time of one\n"
             "optimizer step over --params parameters (as 2048-wide matrices), against fp32. With --steps N, also trains\n"
@@ -28,9 +29,28 @@ int bench_optim_state(int argc, char** argv) {
   args.add_int("params", &params, "parameters in the timed step", 4096);
   args.add_int("runs", &runs, "timed steps per precision", 1);
   args.add_int("steps", &steps, "training steps of the recipe per precision (0: skip)", 0);
-  args.add_string("recipe", &recipe_path, "the recipe for --steps", "FILE");
-  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_string("recipe", &recipe_path, "the recipe for --steps: a file or a shipped recipe's name", "RECIPE");
+  args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
+  // The recipe is used last: check it, and every key the runs will set, before the timed steps.
+  recipe_path = resolve_recipe(recipe_path);
+  std::string data_files[2];  // where the recipe keeps its tokenizer and tokens: shared by the runs
+  auto recipe_for = [&](optim::StatePrecision p, const std::string& out_dir) {
+    try {
+      if (data_files[0].empty()) {
+        const train::Recipe base = train::load_recipe(recipe_path, {"train.steps=" + std::to_string(steps)});
+        data_files[0] = "data.tokenizer=" + base.tokenizer;
+        data_files[1] = "data.tokens=" + base.tokens;
+      }
+      return train::load_recipe(recipe_path, {"train.steps=" + std::to_string(steps), data_files[0], data_files[1],
+                                              "train.out_dir=" + out_dir,
+                                              "train.checkpoint_interval=0", "train.eval_interval=0",
+                                              std::string("optimizer.state_precision=") + optim::precision_name(p)});
+    } catch (const train::RecipeError& e) {
+      throw UsageError(e.what());
+    }
+  };
+  if (steps > 0) check_recipe_inputs(recipe_for(optim::StatePrecision::fp32, "/tmp/unused"), /*data=*/true);
 
   warn_if_slow_blas();
   const int64_t width = 2048, rows = std::max<int64_t>(1, params / width);
@@ -64,21 +84,15 @@ int bench_optim_state(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     rows_out[i].step_s = times[times.size() / 2];
     rows_out[i].bytes_per_param = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
-    std::fprintf(stderr, "%-5s %.3f bytes/param, step %.1f ms over %lld parameters\n", optim::precision_name(precisions[i]),
-                 rows_out[i].bytes_per_param, rows_out[i].step_s * 1e3, static_cast<long long>(n));
+    std::fprintf(stderr, "%-5s %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32's step time\n",
+                 optim::precision_name(precisions[i]), rows_out[i].bytes_per_param, io::human_bytes(opt.state_bytes()).c_str(),
+                 rows_out[i].step_s * 1e3, static_cast<long long>(n), rows_out[i].step_s / rows_out[0].step_s);
   }
   if (steps > 0) {
     for (size_t i = 0; i < precisions.size(); ++i) {
       char tmp[] = "/tmp/frugal-bench-state-XXXXXX";
       if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
-      train::Recipe r;
-      try {
-        r = train::load_recipe(recipe_path, {"train.steps=" + std::to_string(steps), std::string("train.out_dir=") + tmp,
-                                             "train.checkpoint_interval=0", "train.eval_interval=0",
-                                             std::string("optimizer.state_precision=") + optim::precision_name(precisions[i])});
-      } catch (const train::RecipeError& e) {
-        throw UsageError(e.what());
-      }
+      const train::Recipe r = recipe_for(precisions[i], tmp);
       TrainProgress shown(std::string("frugal bench optim-state (") + optim::precision_name(precisions[i]) + "): ", /*bar=*/false);
       const auto result = train::run_training(r, train::TrainOptions().sample(false).on_progress(shown.on_progress()), shown.log());
       // The final loss: the mean of the last 10% of the steps (one step is noisy).

@@ -18,18 +18,28 @@ namespace frugal {
 namespace cli {
 
 int bench_train(int argc, char** argv) {
-  std::string recipe_path = std::string(FRUGAL_SOURCE_DIR) + "/recipes/default.yaml", json_out = "-";
+  std::string recipe_path = "default", json_out = "-";
   int64_t steps = 8;
   std::vector<std::string> overrides;
   Args args("bench train",
-            "Runs a few steps of a recipe (default: recipes/default.yaml) with its memory techniques on, then with\n"
+            "Runs a few steps of a recipe (a path or a shipped recipe's name; default: default) with its memory techniques on, then with\n"
             "every technique off, and reports tokens/s, achieved model GFLOP/s against the matrix-product GFLOP/s\n"
             "measured in the same run, and peak_bytes_all_on / peak_bytes_all_off.");
-  args.add_string("recipe", &recipe_path, "the recipe", "FILE");
+  args.add_string("recipe", &recipe_path, "the recipe: a file or a shipped recipe's name (tiny, default, ...)", "RECIPE");
   args.add_int("steps", &steps, "steps per configuration (the first one is not timed)", 2);
   args.add_rest(&overrides, "section.key=value");
-  args.add_string("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
+  args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
+  recipe_path = resolve_recipe(recipe_path);
+  try {
+    // The runs write into a temporary folder; the data files stay where the recipe puts them, so
+    // the tokenizer is trained once, not per run.
+    const train::Recipe base = train::load_recipe(recipe_path, overrides);
+    overrides.push_back("data.tokenizer=" + base.tokenizer);
+    overrides.push_back("data.tokens=" + base.tokens);
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
+  }
   char tmp[] = "/tmp/frugal-bench-train-XXXXXX";
   if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
   overrides.push_back("train.steps=" + std::to_string(steps));
@@ -42,8 +52,10 @@ int bench_train(int argc, char** argv) {
   try {
     on = train::load_recipe(recipe_path, overrides);
   } catch (const train::RecipeError& e) {
+    ::rmdir(tmp);
     throw UsageError(e.what());
   }
+  check_recipe_inputs(on, /*data=*/true);
   warn_if_slow_blas();
   const train::Recipe off = train::without_techniques(on);
   TrainProgress shown("frugal bench train: ", /*bar=*/false);

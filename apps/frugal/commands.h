@@ -4,6 +4,9 @@
 #include <string>
 
 namespace frugal {
+namespace train {
+struct Recipe;
+}
 namespace cli {
 
 int run_account(int argc, char** argv);  // argv[0] = "frugal", argv[1] = "account"
@@ -23,6 +26,13 @@ int bench_optim_state(int argc, char** argv);
 // Prints one line when matrix products run at reference-BLAS speed (call once the arguments are
 // known to be good, before the work).
 void warn_if_slow_blas();
+
+// A recipe path, or a shipped recipe's name (recipes/NAME.yaml here or in the source tree); UsageError otherwise.
+std::string resolve_recipe(const std::string& arg);
+// Refuses, before any work, what a recipe names that this machine cannot provide: a CUDA device
+// it lacks, a model.init_from that is not a folder, train.out_dir or data files that are not what
+// they must be, and (with data) a data.corpus that is missing when the tokenizer or tokens must be made.
+void check_recipe_inputs(const train::Recipe& recipe, bool data);
 
 // Writes text to path atomically, or to stdout when path is "-".
 void write_output(const std::string& path, const std::string& text);

@@ -1,6 +1,7 @@
 // frugal — train neural networks in less memory. Entry point: dispatches to the subcommands and
 // turns errors into exit codes (2: the user's mistake, one line; 1: a failure while working).
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +12,8 @@
 #include "commands.h"
 #include "frugal/bench/hardware.h"
 #include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
+#include "frugal/train/recipe.h"
 
 namespace {
 
@@ -29,7 +32,7 @@ const char* kUsage =
     "            PyTorch's memory viewer\n"
     "  bench     run a benchmark and print its ratios against the plain version (frugal bench --help)\n"
     "\n"
-    "'frugal COMMAND --help' describes a command's flags.\n";
+    "'frugal COMMAND --help' describes a command's flags; 'frugal --version' prints the versions.\n";
 
 }  // namespace
 
@@ -48,6 +51,8 @@ void write_output(const std::string& path, const std::string& text) {
   if (path == "-") {
     std::cout << text;
   } else {
+    const std::string parent = io::parent_path(path);  // check_output_path found it can be made
+    if (!parent.empty()) io::make_directories(parent);
     io::write_file_atomic(path, text);
   }
 }
@@ -57,9 +62,18 @@ void write_output(const std::string& path, const std::string& text) {
 
 int main(int argc, char** argv) {
   using namespace frugal;
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+  if (argc < 2) {
+    std::cerr << "frugal: a command is needed (account, bench, train, generate, tokenizer, report); 'frugal --help' lists them\n";
+    return 2;
+  }
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::cout << kUsage;
-    return argc < 2 ? 2 : 0;
+    return 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::cout << "frugal " << FRUGAL_VERSION << " (" << (*FRUGAL_BUILD_TYPE ? FRUGAL_BUILD_TYPE : "no build type")
+              << " build), LibTorch " << TORCH_VERSION << "\n";
+    return 0;
   }
   const std::string command = argv[1];
   try {
@@ -72,6 +86,9 @@ int main(int argc, char** argv) {
     throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench, train, generate, tokenizer, report)");
   } catch (const cli::UsageError& e) {
     std::cerr << "frugal: " << e.what() << "\n";
+    return 2;
+  } catch (const train::RecipeError& e) {  // a recipe check that fired after loading (the tokenizer's vocabulary)
+    std::cerr << "frugal " << command << ": " << e.what() << "\n";
     return 2;
   } catch (const c10::Error& e) {
     std::cerr << "frugal " << command << ": error: " << e.what_without_backtrace() << "\n";

@@ -35,9 +35,9 @@ int run_report(int argc, char** argv) {
             "writes the pickle that PyTorch's memory viewer (pytorch.org/memory_viz) opens.");
   args.add_positional("TRACE", &first_trace, "a trace written by frugal account or frugal train with --trace-out");
   args.add_rest(&more_traces, "TRACE");
-  args.add_string("out", &html_out, "write the HTML report here", "FILE");
+  args.add_output("out", &html_out, "write the HTML report here", "FILE");
   args.add_short('o', "out");
-  args.add_string("memory-viz", &viz_out, "write a snapshot pickle for PyTorch's memory viewer (one trace only)", "FILE");
+  args.add_output("memory-viz", &viz_out, "write a snapshot pickle for PyTorch's memory viewer (one trace only)", "FILE");
   if (!args.parse(argc, argv, 2)) return 0;
   if (html_out.empty() && viz_out.empty()) throw UsageError("nothing to write: give -o FILE.html or --memory-viz FILE");
   std::vector<std::string> paths{first_trace};

@@ -21,9 +21,10 @@ const char* kUsage =
 }  // namespace
 
 int run_tokenizer(int argc, char** argv) {
-  if (argc < 3 || std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
+  if (argc < 3) throw UsageError("tokenizer needs an action (train or encode); 'frugal tokenizer --help' describes them");
+  if (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
     std::cout << kUsage;
-    return argc < 3 ? 2 : 0;
+    return 0;
   }
   const std::string action = argv[2];
   if (action == "train") {
@@ -31,7 +32,7 @@ int run_tokenizer(int argc, char** argv) {
     int64_t vocab = 4096;
     Args args("tokenizer train", "Train a SentencePiece tokenizer on a text file or folder.");
     args.add_positional("CORPUS", &corpus, "a text file or a folder of them");
-    args.add_string("out", &out, "output prefix: writes PREFIX.model and PREFIX.vocab", "PREFIX");
+    args.add_output("out", &out, "output prefix, not a folder: writes PREFIX.model and PREFIX.vocab (out/tok -> out/tok.model)", "PREFIX");
     args.add_int("vocab-size", &vocab, "number of pieces (at least 300 with byte fallback)", 16);
     args.add_string("model-type", &model_type, "bpe or unigram", "TYPE");
     if (!args.parse(argc, argv, 3)) return 0;

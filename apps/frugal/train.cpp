@@ -9,6 +9,8 @@
 
 #include "args.h"
 #include "commands.h"
+#include <torch/cuda.h>
+
 #include "frugal/bench/hardware.h"
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/json.h"
@@ -26,16 +28,6 @@ namespace {
 bool is_file(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-// A path, or a shipped recipe's name (recipes/NAME.yaml here or in the source tree).
-std::string resolve_recipe(const std::string& arg) {
-  if (is_file(arg)) return arg;
-  for (const std::string& dir : {std::string("recipes"), std::string(FRUGAL_SOURCE_DIR) + "/recipes"}) {
-    const std::string p = dir + "/" + arg + ".yaml";
-    if (is_file(p)) return p;
-  }
-  throw UsageError("recipe '" + arg + "' is neither a file nor a shipped recipe (tiny, default, llama2-7b)");
 }
 
 void write_estimate(io::JsonWriter& w, const train::MemoryEstimate& e) {
@@ -124,7 +116,51 @@ double step_flops(const train::Recipe& r, const train::TrainResult& result) {
          (3 * f.forward + static_cast<double>(result.recomputed_blocks) * f.block_forward);
 }
 
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
 }  // namespace
+
+std::string resolve_recipe(const std::string& arg) {
+  if (is_file(arg)) return arg;
+  if (arg.find('/') == std::string::npos) {
+    for (const std::string& dir : {std::string("recipes"), std::string(FRUGAL_SOURCE_DIR) + "/recipes"}) {
+      const std::string p = dir + "/" + arg + ".yaml";
+      if (is_file(p)) return p;
+    }
+  }
+  throw UsageError("recipe '" + arg + "' is neither a file nor a shipped recipe (tiny, default, llama2-7b, llama2-7b-cpu)");
+}
+
+void check_recipe_inputs(const train::Recipe& r, bool data) {
+  if (r.device.is_cuda()) {
+    const int64_t n = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+    if (n == 0) throw UsageError("train.device " + r.device.str() + " is not available: this machine or LibTorch build has no CUDA device");
+    if (r.device.has_index() && r.device.index() >= n) {
+      throw UsageError("train.device " + r.device.str() + " is not available: this machine has " + std::to_string(n) + " CUDA device(s)");
+    }
+  }
+  if (!r.init_from.empty() && !is_dir(r.init_from)) {
+    throw UsageError("model.init_from " + r.init_from + " is not a folder (a Hugging Face checkpoint folder is needed)");
+  }
+  if (exists(r.out_dir) && !is_dir(r.out_dir)) throw UsageError("train.out_dir " + r.out_dir + " exists and is not a folder");
+  if (!data) return;
+  for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.tokenizer", r.tokenizer}, {"data.tokens", r.tokens}}) {
+    if (is_dir(path)) throw UsageError(std::string(key) + " " + path + " is a folder, not a file");
+  }
+  if (!is_file(r.tokenizer) || !is_file(r.tokens)) {
+    const std::string needed = !is_file(r.tokenizer) ? r.tokenizer : r.tokens;
+    if (r.corpus.empty()) throw UsageError("data.corpus must be set to make " + needed);
+    if (!exists(r.corpus)) throw UsageError("data.corpus " + r.corpus + " does not exist (it is needed to make " + needed + ")");
+  }
+}
 
 int run_train(int argc, char** argv) {
   std::string recipe_arg, json_out;
@@ -141,10 +177,10 @@ int run_train(int argc, char** argv) {
   args.add_rest(&overrides, "section.key=value");
   args.add_flag("resume", &resume, "continue from the last checkpoint in train.out_dir (exactly as if never stopped)");
   args.add_flag("dry-run", &dry_run, "estimate the peak memory per category without allocating the model, then stop");
-  args.add_string("json-out", &json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
+  args.add_output("json-out", &json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
   args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
-  args.add_flag("list-keys", &list_keys, "print every recipe key and stop");
-  args.add_string("trace-out", &trace_out,
+  args.add_flag("list-keys", &list_keys, "print every recipe key with its type, default and meaning, and stop");
+  args.add_output("trace-out", &trace_out,
                   "write the allocation timeline (JSON, for frugal report); bound it on long runs with --trace-steps",
                   "FILE");
   args.add_bytes("memory-limit", &memory_limit,
@@ -158,18 +194,23 @@ int run_train(int argc, char** argv) {
   // RECIPE is optional with --list-keys
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--list-keys") {
-      for (const auto& k : train::recipe_keys()) std::cout << k << "\n";
+      for (const auto& k : train::recipe_key_docs()) {
+        std::cout << k.key << "  (" << k.type << "; default " << (k.default_value.empty() ? "\"\"" : k.default_value)
+                  << ")\n    " << k.meaning << "\n";
+      }
       return 0;
     }
   }
   if (!args.parse(argc, argv, 2)) return 0;
   if (progress != "auto" && progress != "bar" && progress != "lines") throw UsageError("--progress must be auto, bar or lines, got '" + progress + "'");
+  if (memory_limit == 0) throw UsageError("--memory-limit must be above 0 (leave it out for no limit)");
   train::Recipe recipe;
   try {
     recipe = train::load_recipe(resolve_recipe(recipe_arg), overrides);
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }
+  if (!dry_run) check_recipe_inputs(recipe, /*data=*/true);  // a dry run estimates any device's memory, on any machine
 
   if (dry_run) {
     int64_t vocab = recipe.model.vocab_size;

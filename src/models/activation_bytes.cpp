@@ -1,17 +1,44 @@
 #include "frugal/models/activation_bytes.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "frugal/loss/chunked_cross_entropy.h"
 
 namespace frugal {
 namespace models {
+namespace {
+
+// A size that refuses to pass kMaxSizeBytes: configs come from recipes and flags, and a wrapped
+// product (vocab_size 2^63-1) would print as a small or negative count.
+struct Size {
+  int64_t v;
+  Size(int64_t x) : v(x) { check(); }  // NOLINT: implicit, so formulas read as plain arithmetic
+  void check() const {
+    if (v > kMaxSizeBytes || v < -kMaxSizeBytes) throw std::overflow_error("a size passes 2^56");
+  }
+};
+Size operator*(Size a, Size b) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a.v, b.v, &out)) throw std::overflow_error("a size passes 2^63");
+  return Size(out);
+}
+Size operator+(Size a, Size b) {
+  int64_t out = 0;
+  if (__builtin_add_overflow(a.v, b.v, &out)) throw std::overflow_error("a size passes 2^63");
+  return Size(out);
+}
+Size operator/(Size a, Size b) { return Size(a.v / b.v); }
+bool operator<(Size a, Size b) { return a.v < b.v; }
+
+}  // namespace
 
 DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t batch, int64_t seq, at::ScalarType dtype,
                                                 const LossOptions& loss) {
-  const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
-  const int64_t B = batch, T = seq, BT = B * T, d = c.dim, f = c.ffn_dim, H = c.n_heads, V = c.vocab_size;
-  const int64_t kv = c.n_kv_heads * c.head_dim();
+  const Size e = static_cast<int64_t>(c10::elementSize(dtype));
+  const Size B = batch, T = seq, BT = B * T, d = c.dim, f = c.ffn_dim, H = c.n_heads, V = c.vocab_size;
+  const Size kv = Size(c.n_kv_heads) * c.head_dim();
   const bool llama = c.arch == "llama";
   DecoderActivationBytes a;
   // Kept for backward by one block run plainly (the tensors decoder.cpp's blocks save):
@@ -19,32 +46,34 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   //          gate, silu(gate), up, silu*up                                               4 x (B,T,f)
   //          two 1/rms (fp32, one per token each) and the (B,H,T,T) probabilities
   //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean/rstd (fp32)
-  const int64_t probs = B * H * T * T * e;
-  a.block_plain = llama ? BT * ((8 * d + 4 * f) * e + 8) + probs : BT * ((8 * d + 2 * f) * e + 16) + probs;
-  a.block_input = BT * d * e;
+  const Size probs = B * H * T * T * e;
+  a.block_plain = (llama ? BT * ((8 * d + 4 * f) * e + 8) + probs : BT * ((8 * d + 2 * f) * e + 16) + probs).v;
+  a.block_input = (BT * d * e).v;
   // Selective keeps the input and every matrix product's output: q, k, v, o, gate, up, down (llama);
   // qkv, proj, fc, fc-proj (gpt2).
-  a.block_selective = a.block_input + (llama ? BT * (4 * d + 2 * kv + 2 * f) * e : BT * (6 * d + f) * e);
+  a.block_selective = (a.block_input + (llama ? BT * (4 * d + 2 * kv + 2 * f) * e : BT * (6 * d + f) * e)).v;
   // A block's backward holds gradients of its intermediates worth a little under half a block's
   // activations at its peak (measured with the tracker: 0.50 of block_plain on the default recipe,
   // 0.43 on the tiny one; trainer_test checks the estimate against both).
-  a.block_backward_working_set = a.block_plain * 47 / 100;
-  a.block_largest_matrix = std::max({d * f, d * d, d * kv}) * e;
-  a.block_params = (llama ? 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f : 12 * d * d + 13 * d) * e;
+  a.block_backward_working_set = (Size(a.block_plain) * 47 / 100).v;
+  a.block_largest_matrix = (std::max({d * f, d * d, d * kv}) * e).v;
+  a.block_params = ((llama ? 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f : 12 * d * d + 13 * d) * e).v;
   // The head: the final norm keeps its input (and llama's 1/rms), the loss the normed states.
-  a.head_kept = BT * (2 * d * e + (llama ? 4 : 8));
+  a.head_kept = (BT * (2 * d * e + (llama ? 4 : 8))).v;
+  // The loss multiplies these without checks: the largest of its products must fit with room.
+  (void)(BT * V * 8 + BT * d * 8 + V * d * 8);
   if (loss.chunked()) {
-    const auto l = loss::chunked_cross_entropy_bytes(BT, d, V, loss.chunk_size(), dtype);
-    a.head_kept += l.kept;
+    const auto l = loss::chunked_cross_entropy_bytes(BT.v, d.v, V.v, loss.chunk_size(), dtype);
+    a.head_kept = (Size(a.head_kept) + l.kept).v;
     a.loss_forward_temporary = l.forward_temporary;
     a.loss_backward_temporary = l.backward_temporary;
     a.loss_weight_gradient = l.weight_gradient;
   } else {
     // Linear -> cross_entropy: the logits (B*T, V) are made in forward, log_softmax keeps its fp32
     // output; backward makes the gradients of that output and of the logits.
-    a.head_kept += BT * V * 4;
-    a.loss_forward_temporary = BT * V * e;
-    a.loss_backward_temporary = 2 * BT * V * 4;
+    a.head_kept = (a.head_kept + BT * V * 4).v;
+    a.loss_forward_temporary = (BT * V * e).v;
+    a.loss_backward_temporary = (2 * BT * V * 4).v;
     a.loss_weight_gradient = 0;  // made after the logits' gradients are freed: not live at the loss's peak
   }
   return a;
@@ -62,23 +91,22 @@ DecoderFlops decoder_flops(const DecoderConfig& c, int64_t batch, int64_t seq) {
 }
 
 std::vector<int64_t> parameter_numels(const DecoderConfig& c) {
-  const int64_t d = c.dim, f = c.ffn_dim, kv = c.n_kv_heads * c.head_dim();
+  // Elements, checked as sizes: optimizer state and gradients multiply them by a few bytes.
+  const Size d = c.dim, f = c.ffn_dim, kv = Size(c.n_kv_heads) * c.head_dim(), V = c.vocab_size;
   std::vector<int64_t> out;
   if (c.arch == "gpt2") {
-    out = {c.vocab_size * d, c.max_seq_len * d};
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      for (int64_t n : {d, d, 3 * d * d, 3 * d, d * d, d, d, d, d * f, f, f * d, d}) out.push_back(n);
-    }
-    out.push_back(d);
-    out.push_back(d);
+    out = {(V * d).v, (Size(c.max_seq_len) * d).v};
+    const std::vector<int64_t> block = {d.v, d.v, (3 * d * d).v, (3 * d).v, (d * d).v, d.v, d.v, d.v, (d * f).v, f.v, (f * d).v, d.v};
+    for (int64_t l = 0; l < c.n_layers; ++l) out.insert(out.end(), block.begin(), block.end());
+    out.push_back(d.v);
+    out.push_back(d.v);
     return out;
   }
-  out.push_back(c.vocab_size * d);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    for (int64_t n : {d * d, d * kv, d * kv, d * d, d * f, d * f, f * d, d, d}) out.push_back(n);
-  }
-  out.push_back(d);
-  if (!c.tie_embeddings) out.push_back(c.vocab_size * d);
+  out.push_back((V * d).v);
+  const std::vector<int64_t> block = {(d * d).v, (d * kv).v, (d * kv).v, (d * d).v, (d * f).v, (d * f).v, (f * d).v, d.v, d.v};
+  for (int64_t l = 0; l < c.n_layers; ++l) out.insert(out.end(), block.begin(), block.end());
+  out.push_back(d.v);
+  if (!c.tie_embeddings) out.push_back((V * d).v);
   return out;
 }
 

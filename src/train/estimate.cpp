@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "frugal/checkpoint/planner.h"
@@ -14,14 +16,15 @@ namespace train {
 namespace {
 
 // Sizes from a recipe can be absurd (model.vocab_size=9223372036854775807): refuse rather than wrap.
+// These throw std::overflow_error; estimate_training_memory turns it into a RecipeError naming the keys.
 int64_t checked_add(int64_t a, int64_t b, const char* what) {
   int64_t out = 0;
-  if (__builtin_add_overflow(a, b, &out)) throw RecipeError(std::string(what) + " of this recipe pass 2^63 bytes");
+  if (__builtin_add_overflow(a, b, &out)) throw std::overflow_error(std::string(what) + " pass 2^63 bytes");
   return out;
 }
 int64_t checked_mul(int64_t a, int64_t b, const char* what) {
   int64_t out = 0;
-  if (__builtin_mul_overflow(a, b, &out)) throw RecipeError(std::string(what) + " of this recipe pass 2^63 bytes");
+  if (__builtin_mul_overflow(a, b, &out)) throw std::overflow_error(std::string(what) + " pass 2^63 bytes");
   return out;
 }
 
@@ -79,14 +82,12 @@ BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& 
   return out;
 }
 
-}  // namespace
-
-MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
+MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size) {
   using memory::Category;
   models::DecoderConfig c = r.model;
   c.vocab_size = vocab_size;
   const int64_t e = static_cast<int64_t>(c10::elementSize(r.dtype));  // parameters and activations
-  const int64_t BT = r.batch_size * r.seq_len, L = c.n_layers;
+  const int64_t BT = checked_mul(r.batch_size, r.seq_len, "the tokens of a batch"), L = c.n_layers;
   const bool in_backward = r.in_backward();
 
   MemoryEstimate est;
@@ -107,7 +108,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   }
   const int64_t tables = optim::shared_code_table_bytes(numels, r.optimizer);
   // inputs and targets, int64, of the whole step (every micro-batch's rows)
-  const int64_t input = checked_mul(2 * BT * 8, r.optimizer.accumulation_steps(), "the input bytes");
+  const int64_t input = checked_mul(checked_mul(BT, 16, "the inputs"), r.optimizer.accumulation_steps(), "the inputs");
   const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss);
   est.activation_per_layer = a.block_plain;
   const BlockLayout layout = block_layout(r, a, L);
@@ -127,26 +128,26 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   //  each segment's backward (last first): what the blocks before it keep, its blocks' activations
   //  all live (recomputed when checkpointed), its working set, and the gradients live by then
   //  (standard: the head's and those of every later block; in backward: one node's).
-  const int64_t head_grad = c.vocab_size * c.dim * e;
+  const int64_t head_grad = checked_mul(checked_mul(c.vocab_size, c.dim, "the head"), e, "the head");
   const int64_t pending_head_grad = tied && !in_backward ? head_grad : 0;  // until the embedding's backward
   int64_t later_grads = tied ? 0 : head_grad;
   for (auto s = layout.segments.rbegin(); s != layout.segments.rend(); ++s) {
     int64_t prefix = 0;
-    for (int64_t i = 0; i < s->begin; ++i) prefix += layout.kept[static_cast<size_t>(i)];
-    const int64_t live = (s->end - s->begin) * a.block_plain;
+    for (int64_t i = 0; i < s->begin; ++i) prefix = checked_add(prefix, layout.kept[static_cast<size_t>(i)], "the activations");
+    const int64_t live = checked_mul(s->end - s->begin, a.block_plain, "the activations");
     // The block's own first gradients (its last matrix's) are made early in its backward. In
     // backward mode each gradient is used and freed as soon as it is complete (a checkpointed
     // segment's recompute accumulates straight into .grad too): the update of the largest matrix,
     // with its temporaries, while the block's activations are still live.
-    moments.push_back({"backward of block " + std::to_string(s->end - 1), prefix + live,
-                       a.block_backward_working_set + pending_head_grad,
-                       a.block_largest_matrix + (in_backward ? 0 : later_grads)});
+    moments.push_back({"backward of block " + std::to_string(s->end - 1), checked_add(prefix, live, "the activations"),
+                       checked_add(a.block_backward_working_set, pending_head_grad, "the temporaries"),
+                       checked_add(a.block_largest_matrix, in_backward ? 0 : later_grads, "the gradients")});
     if (in_backward) {
       moments.push_back({"update in block " + std::to_string(s->end - 1) + "'s backward", prefix + live,
                          optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),
                          a.block_largest_matrix});
     }
-    later_grads += (s->end - s->begin) * a.block_params;
+    later_grads = checked_add(later_grads, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
   }
   // the optimizer step after a standard backward: every gradient and the largest update's temporaries.
   if (!in_backward) {
@@ -158,6 +159,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   if (!in_backward && r.optimizer.accumulation_steps() > 1) {
     for (Moment& m : moments) m.gradient = std::max(m.gradient, P);
   }
+  for (const Moment& m : moments) checked_add(checked_add(m.activation, m.temporary, "the peak"), m.gradient, "the peak");
   const Moment peak = *std::max_element(moments.begin(), moments.end(),
                                         [](const Moment& x, const Moment& y) { return x.total() < y.total(); });
   est.peak_at = peak.what;
@@ -171,6 +173,52 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
   cat[static_cast<int>(Category::gradient)] = peak.gradient;
   for (int64_t b : cat) est.peak_bytes = checked_add(est.peak_bytes, b, "the peak");
   return est;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
+  try {
+    return estimate_unchecked(r, vocab_size);
+  } catch (const std::overflow_error&) {
+    // Blame the size keys that, each set to 1 alone, bring the sizes back in range.
+    struct SizeKey {
+      const char* key;
+      int64_t Recipe::*train_member;
+      int64_t models::DecoderConfig::*model_member;
+    };
+    const SizeKey keys[] = {{"model.vocab_size", nullptr, nullptr},
+                            {"model.dim", nullptr, &models::DecoderConfig::dim},
+                            {"model.ffn_dim", nullptr, &models::DecoderConfig::ffn_dim},
+                            {"model.n_layers", nullptr, &models::DecoderConfig::n_layers},
+                            {"model.n_heads", nullptr, &models::DecoderConfig::n_heads},
+                            {"model.n_kv_heads", nullptr, &models::DecoderConfig::n_kv_heads},
+                            {"model.max_seq_len", nullptr, &models::DecoderConfig::max_seq_len},
+                            {"train.batch_size", &Recipe::batch_size, nullptr},
+                            {"train.seq_len", &Recipe::seq_len, nullptr}};
+    std::string blamed, all;
+    for (const SizeKey& k : keys) {
+      Recipe probe = r;
+      int64_t probe_vocab = vocab_size, value = vocab_size;
+      if (k.train_member) {
+        value = r.*k.train_member;
+        probe.*k.train_member = 1;
+      } else if (k.model_member) {
+        value = r.model.*k.model_member;
+        probe.model.*k.model_member = 1;
+      } else {
+        probe_vocab = 1;
+      }
+      const std::string named = std::string(k.key) + "=" + std::to_string(value);
+      all += (all.empty() ? "" : ", ") + named;
+      try {
+        estimate_unchecked(probe, probe_vocab);
+        blamed += (blamed.empty() ? "" : ", ") + named;
+      } catch (const std::overflow_error&) {
+      }
+    }
+    throw RecipeError((blamed.empty() ? all : blamed) + ": too large: the memory of this job would pass 2^56 bytes (64 PiB)");
+  }
 }
 
 }  // namespace train

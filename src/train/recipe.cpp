@@ -1,5 +1,7 @@
 #include "frugal/train/recipe.h"
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 #include <yaml-cpp/yaml.h>
 
 #include <array>
@@ -8,11 +10,15 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <map>
+#include <string>
+#include <utility>
+#include <limits>
 #include <sstream>
+#include <vector>
 
 #include "frugal/io/units.h"
+#include "frugal/train/estimate.h"
 
 namespace frugal {
 namespace train {
@@ -22,16 +28,27 @@ struct Field {
   std::string key;
   std::function<void(Recipe&, const std::string&)> set;  // throws a "what is allowed" message
   std::function<std::string(const Recipe&)> get;
+  std::string type = "text";  // what --list-keys shows
 };
 
-int64_t to_int(const std::string& v, int64_t min) {
+int64_t to_int(const std::string& v, int64_t min, int64_t max) {
   errno = 0;
   char* end = nullptr;
   const long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end || errno == ERANGE) throw std::invalid_argument("an integer");
-  if (x < min) throw std::invalid_argument("an integer >= " + std::to_string(min));
+  if (x < min || x > max) {
+    throw std::invalid_argument("an integer from " + std::to_string(min) + " to " + std::to_string(max));
+  }
   return x;
 }
+
+// Upper bounds of the integer keys: far past any real job, and small enough that loops over them
+// end and that their products are checked (models::kMaxSizeBytes) rather than wrapped.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // widths, heads, vocabulary (SentencePiece ids are 32-bit)
+constexpr int64_t kMaxTokens = int64_t{1} << 24; // sequence lengths, batch, generated tokens, eval batches
+constexpr int64_t kMaxCount = int64_t{1} << 40;  // steps, intervals, chunk sizes
+constexpr int64_t kMaxSeed = std::numeric_limits<int64_t>::max();
 
 double to_double(const std::string& v, double min) {
   errno = 0;
@@ -88,33 +105,49 @@ std::string fmt(double d) {
   return s.str();
 }
 
+// "one of a, b, c": what a parser that refuses "" says is allowed.
+template <typename F>
+std::string allowed_text(F parse) {
+  try {
+    parse("");
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "text";
+}
+
 // Each macro takes the recipe member as an expression of `r` (TORCH_ARG accessors included):
 // assigned when the key is read, read when the recipe is written back.
-#define INT_FIELD(key, expr, min) \
-  {key, [](Recipe& r, const std::string& v) { expr = to_int(v, min); }, [](const Recipe& r) { return std::to_string(expr); }}
+#define INT_FIELD(key, expr, min, max) \
+  {key, [](Recipe& r, const std::string& v) { expr = to_int(v, min, max); }, [](const Recipe& r) { return std::to_string(expr); }, \
+   "integer " + std::to_string(min) + ".." + std::to_string(max)}
 #define DOUBLE_FIELD(key, expr, min) \
-  {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min); }, [](const Recipe& r) { return fmt(expr); }}
+  {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min); }, [](const Recipe& r) { return fmt(expr); }, \
+   "number >= " + fmt(min)}
 #define BOOL_FIELD(key, expr) \
-  {key, [](Recipe& r, const std::string& v) { expr = to_bool(v); }, [](const Recipe& r) { return std::string(expr ? "true" : "false"); }}
+  {key, [](Recipe& r, const std::string& v) { expr = to_bool(v); }, [](const Recipe& r) { return std::string(expr ? "true" : "false"); }, \
+   "true or false"}
 #define STRING_FIELD(key, expr) \
   {key, [](Recipe& r, const std::string& v) { expr = v; }, [](const Recipe& r) { return expr; }}
 #define CHOICE_FIELD(key, expr, ...) \
-  {key, [](Recipe& r, const std::string& v) { expr = one_of(v, {__VA_ARGS__}); }, [](const Recipe& r) { return expr; }}
+  {key, [](Recipe& r, const std::string& v) { expr = one_of(v, {__VA_ARGS__}); }, [](const Recipe& r) { return expr; }, \
+   allowed_text([](const std::string& v) { return one_of(v, {__VA_ARGS__}); })}
 // An enum with its layer's name table: parse (text -> optional), name (value -> text), all (every value).
 #define ENUM_FIELD(key, expr, parse, name, all) \
-  {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }}
+  {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }, \
+   allowed_text([](const std::string& v) { return one_of(parse(v), all, name); })}
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
       STRING_FIELD("name", r.name),
       CHOICE_FIELD("model.arch", r.model.arch, "llama", "gpt2"),
-      INT_FIELD("model.vocab_size", r.model.vocab_size, 0),
-      INT_FIELD("model.dim", r.model.dim, 1),
-      INT_FIELD("model.n_layers", r.model.n_layers, 1),
-      INT_FIELD("model.n_heads", r.model.n_heads, 1),
-      INT_FIELD("model.n_kv_heads", r.model.n_kv_heads, 1),
-      INT_FIELD("model.ffn_dim", r.model.ffn_dim, 1),
-      INT_FIELD("model.max_seq_len", r.model.max_seq_len, 1),
+      INT_FIELD("model.vocab_size", r.model.vocab_size, 0, kMaxDim),
+      INT_FIELD("model.dim", r.model.dim, 1, kMaxDim),
+      INT_FIELD("model.n_layers", r.model.n_layers, 1, kMaxLayers),
+      INT_FIELD("model.n_heads", r.model.n_heads, 1, kMaxDim),
+      INT_FIELD("model.n_kv_heads", r.model.n_kv_heads, 1, kMaxDim),
+      INT_FIELD("model.ffn_dim", r.model.ffn_dim, 1, kMaxDim),
+      INT_FIELD("model.max_seq_len", r.model.max_seq_len, 1, kMaxTokens),
       DOUBLE_FIELD("model.rope_theta", r.model.rope_theta, 1.0),
       DOUBLE_FIELD("model.norm_eps", r.model.norm_eps, 0.0),
       BOOL_FIELD("model.tie_embeddings", r.model.tie_embeddings),
@@ -124,21 +157,21 @@ const std::vector<Field>& fields() {
       STRING_FIELD("data.tokenizer", r.tokenizer),
       STRING_FIELD("data.tokens", r.tokens),
       DOUBLE_FIELD("data.val_fraction", r.val_fraction, 0.0),
-      INT_FIELD("train.batch_size", r.batch_size, 1),
-      INT_FIELD("train.gradient_accumulation_steps", r.optimizer.accumulation_steps(), 1),
-      INT_FIELD("train.seq_len", r.seq_len, 1),
-      INT_FIELD("train.steps", r.steps, 1),
-      INT_FIELD("train.seed", r.seed, 0),
-      INT_FIELD("train.log_interval", r.log_interval, 1),
-      INT_FIELD("train.eval_interval", r.eval_interval, 0),
-      INT_FIELD("train.eval_batches", r.eval_batches, 1),
-      INT_FIELD("train.checkpoint_interval", r.checkpoint_interval, 0),
-      INT_FIELD("train.keep_checkpoints", r.keep_checkpoints, 1),
+      INT_FIELD("train.batch_size", r.batch_size, 1, kMaxTokens),
+      INT_FIELD("train.gradient_accumulation_steps", r.optimizer.accumulation_steps(), 1, kMaxTokens),
+      INT_FIELD("train.seq_len", r.seq_len, 1, kMaxTokens),
+      INT_FIELD("train.steps", r.steps, 1, kMaxCount),
+      INT_FIELD("train.seed", r.seed, 0, kMaxSeed),
+      INT_FIELD("train.log_interval", r.log_interval, 1, kMaxCount),
+      INT_FIELD("train.eval_interval", r.eval_interval, 0, kMaxCount),
+      INT_FIELD("train.eval_batches", r.eval_batches, 1, kMaxTokens),
+      INT_FIELD("train.checkpoint_interval", r.checkpoint_interval, 0, kMaxCount),
+      INT_FIELD("train.keep_checkpoints", r.keep_checkpoints, 1, kMaxTokens),
       STRING_FIELD("train.out_dir", r.out_dir),
       {"train.device", [](Recipe& r, const std::string& v) { r.device = to_device(v); },
-       [](const Recipe& r) { return r.device.str(); }},
+       [](const Recipe& r) { return r.device.str(); }, "cpu, cuda or cuda:N"},
       STRING_FIELD("train.sample_prompt", r.sample_prompt),
-      INT_FIELD("train.sample_tokens", r.sample_tokens, 0),
+      INT_FIELD("train.sample_tokens", r.sample_tokens, 0, kMaxTokens),
       ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name,
                  optim::kAllAlgorithms),
       DOUBLE_FIELD("optimizer.lr", r.optimizer.lr(), 0.0),
@@ -149,7 +182,7 @@ const std::vector<Field>& fields() {
       DOUBLE_FIELD("optimizer.momentum", r.optimizer.momentum(), 0.0),
       {"optimizer.in_backward",
        [](Recipe& r, const std::string& v) { r.optimizer.mode(to_bool(v) ? optim::Mode::in_backward : optim::Mode::standard); },
-       [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }},
+       [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }, "true or false"},
       ENUM_FIELD("optimizer.clip", r.optimizer.clip(), optim::parse_clip, optim::clip_name, optim::kAllClips),
       DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0),
       ENUM_FIELD("optimizer.state_precision", r.optimizer.state().precision(), optim::parse_precision,
@@ -160,7 +193,7 @@ const std::vector<Field>& fields() {
       BOOL_FIELD("optimizer.stochastic_rounding", r.optimizer.stochastic_rounding()),
       ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name,
                  optim::kAllScheduleKinds),
-      INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0),
+      INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0, kMaxCount),
       DOUBLE_FIELD("schedule.min_lr_ratio", r.schedule.min_lr_ratio(), 0.0),
       {"memory.checkpointing",
        [](Recipe& r, const std::string& v) {
@@ -170,16 +203,16 @@ const std::vector<Field>& fields() {
            throw std::invalid_argument(std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names());
          }
        },
-       [](const Recipe& r) { return r.checkpointing.name(); }},
+       [](const Recipe& r) { return r.checkpointing.name(); }, std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names()},
       {"memory.activation_budget",
        [](Recipe& r, const std::string& v) {
          const auto b = io::parse_bytes(v);
          if (!b) throw std::invalid_argument("a byte count such as 0, 500000000 or 2GiB");
          r.activation_budget = *b;
        },
-       [](const Recipe& r) { return std::to_string(r.activation_budget); }},
+       [](const Recipe& r) { return std::to_string(r.activation_budget); }, "bytes (500000000, 2GiB)"},
       BOOL_FIELD("memory.chunked_loss", r.loss.chunked()),
-      INT_FIELD("memory.loss_chunk", r.loss.chunk_size(), 1),
+      INT_FIELD("memory.loss_chunk", r.loss.chunk_size(), 1, kMaxCount),
   };
   return table;
 }
@@ -201,12 +234,81 @@ void apply(Recipe& r, const std::string& key, const std::string& value, const st
   }
 }
 
+// yaml-cpp turns an alias into a shared node: one inside its own anchor makes a cycle (walking it
+// never ends) and nested aliases ("billion laughs") expand exponentially when walked. This counts,
+// from the parser's events and before any node is built, the nodes a walk would visit, and refuses
+// a recursive alias, deep nesting or more nodes than any recipe needs.
+class ExpansionCheck : public YAML::EventHandler {
+ public:
+  static constexpr int64_t kMaxNodes = 10000;  // a full recipe has about 70
+  static constexpr size_t kMaxDepth = 32;      // a recipe nests 2 deep
+  explicit ExpansionCheck(std::string source) : source_(std::move(source)) {}
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override { leaf(m, anchor); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, const std::string&) override {
+    leaf(m, anchor);
+  }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t anchor) override {
+    for (const Open& o : open_) {
+      if (o.anchor == anchor && anchor != YAML::NullAnchor) fail(m, "an alias refers to the node that contains it");
+    }
+    const auto it = sizes_.find(anchor);
+    add(m, it == sizes_.end() ? 1 : it->second);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, YAML::EmitterStyle::value) override {
+    start(m, anchor);
+  }
+  void OnSequenceEnd() override { end(); }
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, YAML::EmitterStyle::value) override {
+    start(m, anchor);
+  }
+  void OnMapEnd() override { end(); }
+
+ private:
+  struct Open {
+    YAML::anchor_t anchor;
+    int64_t nodes;  // this collection and everything under it, aliases expanded
+  };
+  [[noreturn]] void fail(const YAML::Mark& m, const std::string& what) const {
+    throw RecipeError(source_ + ": " + what + " (line " + std::to_string(m.line + 1) + ")");
+  }
+  void add(const YAML::Mark& m, int64_t nodes) {
+    total_ += nodes;  // stays below 2 * kMaxNodes: checked as it grows, and no anchor is bigger
+    if (!open_.empty()) open_.back().nodes += nodes;
+    if (total_ > kMaxNodes) {
+      fail(m, "expands to more than " + std::to_string(kMaxNodes) + " values (aliases nested in aliases?)");
+    }
+  }
+  void leaf(const YAML::Mark& m, YAML::anchor_t anchor) {
+    if (anchor != YAML::NullAnchor) sizes_[anchor] = 1;
+    add(m, 1);
+  }
+  void start(const YAML::Mark& m, YAML::anchor_t anchor) {
+    if (open_.size() >= kMaxDepth) fail(m, "nests deeper than " + std::to_string(kMaxDepth) + " levels");
+    open_.push_back({anchor, 1});
+    ++total_;
+  }
+  void end() {
+    const Open done = open_.back();
+    open_.pop_back();
+    if (done.anchor != YAML::NullAnchor) sizes_[done.anchor] = done.nodes;
+    if (!open_.empty()) open_.back().nodes += done.nodes;  // total_ counted them as they came
+  }
+  std::string source_;
+  std::vector<Open> open_;
+  std::map<YAML::anchor_t, int64_t> sizes_;
+  int64_t total_ = 0;
+};
+
 // Flattens nested maps into section.key -> scalar text.
 void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out,
              const std::string& source) {
   if (node.IsMap()) {
     for (const auto& item : node) {
-      const std::string key = item.first.as<std::string>();
+      if (!item.first.IsScalar()) throw RecipeError(source + ": the keys of " + (prefix.empty() ? "the recipe" : prefix) + " must be names");
+      const std::string key = item.first.Scalar();
       flatten(item.second, prefix.empty() ? key : prefix + "." + key, out, source);
     }
   } else if (node.IsScalar()) {
@@ -218,22 +320,37 @@ void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std:
   }
 }
 
-void validate(Recipe& r, const std::string& source) {
+// Where each key set on the command line came from, so a check it breaks names the override.
+using Overridden = std::map<std::string, std::string>;  // key -> value
+
+void validate(Recipe& r, const std::string& source, const Overridden& overridden) {
+  // "train.steps=3 (from the command line)" for an override, "train.steps 3" for the file's value.
+  auto shown = [&](const std::string& key) {
+    const auto it = overridden.find(key);
+    if (it != overridden.end()) return key + "=" + it->second + " (from the command line)";
+    return key + " " + find_field(key)->get(r);
+  };
   auto bad = [&](const std::string& m) { throw RecipeError(source + ": " + m); };
-  if (r.model.vocab_size != 0) {
-    const std::string invalid = r.model.validate();
-    if (!invalid.empty()) bad("model: " + invalid);
-  } else {
-    models::DecoderConfig probe = r.model;
-    probe.vocab_size = 1;
-    const std::string invalid = probe.validate();
-    if (!invalid.empty()) bad("model: " + invalid);
+  auto bad_model = [&](const std::string& invalid) {
+    // DecoderConfig names its fields; say which of them the command line set.
+    std::string from;
+    for (const auto& [key, value] : overridden) {
+      if (key.rfind("model.", 0) == 0 && invalid.find(key.substr(6)) != std::string::npos) {
+        from += (from.empty() ? " (" : ", ") + key + "=" + value;
+      }
+    }
+    bad("model: " + invalid + (from.empty() ? "" : from + " from the command line)"));
+  };
+  models::DecoderConfig probe = r.model;
+  if (probe.vocab_size == 0) probe.vocab_size = 1;  // the tokenizer's, checked again once known
+  const std::string invalid = probe.validate();
+  if (!invalid.empty()) bad_model(invalid);
+  if (r.seq_len > r.model.max_seq_len) bad(shown("train.seq_len") + " exceeds " + shown("model.max_seq_len"));
+  if (!(r.val_fraction > 0) || r.val_fraction >= 1) {
+    bad(shown("data.val_fraction") + ": it must be above 0 and below 1 (the share of the tokens held out for validation)");
   }
-  if (r.seq_len > r.model.max_seq_len) {
-    bad("train.seq_len " + std::to_string(r.seq_len) + " exceeds model.max_seq_len " + std::to_string(r.model.max_seq_len));
-  }
-  if (r.val_fraction >= 1) bad("data.val_fraction must be below 1");
-  if (r.optimizer.beta1() >= 1 || r.optimizer.beta2() >= 1) bad("optimizer.beta1 and optimizer.beta2 must be below 1");
+  if (r.optimizer.beta1() >= 1) bad(shown("optimizer.beta1") + ": it must be below 1");
+  if (r.optimizer.beta2() >= 1) bad(shown("optimizer.beta2") + ": it must be below 1");
   if (r.in_backward() && r.optimizer.accumulation_steps() > 1) {
     bad("train.gradient_accumulation_steps " + std::to_string(r.optimizer.accumulation_steps()) +
         " needs optimizer.in_backward=false: stepping in backward uses each gradient and frees it at once, so "
@@ -241,16 +358,33 @@ void validate(Recipe& r, const std::string& source) {
         "memory.checkpointing to keep the activations small)");
   }
   if (r.in_backward() && r.optimizer.clip() == optim::Clip::global_norm) {
-    bad("optimizer.clip global_norm cannot run inside backward in one pass; use global_norm_two_pass or per_param_norm");
+    bad(shown("optimizer.clip") + " cannot run inside backward (" + shown("optimizer.in_backward") +
+        ") in one pass; use global_norm_two_pass or per_param_norm");
   }
   const optim::ScheduleKind kind = r.schedule.kind();
   if ((kind == optim::ScheduleKind::cosine || kind == optim::ScheduleKind::linear_decay) &&
       r.schedule.warmup_steps() >= r.steps) {
-    bad("schedule.warmup_steps (" + std::to_string(r.schedule.warmup_steps()) + ") must be below train.steps (" +
-        std::to_string(r.steps) + ")");
+    bad(shown("schedule.warmup_steps") + " must be below " + shown("train.steps"));
   }
   r.schedule.total_steps(r.steps);
   if (r.corpus.empty() && r.tokens.empty()) bad("data.corpus or data.tokens must be set");
+  if (r.out_dir.empty()) bad("train.out_dir must be set (the folder for checkpoints and metrics)");
+  // Every size the job computes must fit: refuse the keys that make them pass 2^56 bytes.
+  Recipe sizes = r;
+  sizes.activation_budget = 0;  // the planner's choice does not change which sizes overflow
+  try {
+    estimate_training_memory(sizes, probe.vocab_size);
+  } catch (const RecipeError& e) {
+    bad(e.what());
+  }
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(r.steps, r.batch_size * r.seq_len, &tokens)) {
+    bad(shown("train.steps") + " x " + shown("train.batch_size") + " x " + shown("train.seq_len") +
+        ": the tokens of the run pass 2^63");
+  }
+  // The data files follow train.out_dir unless set (see recipe.h).
+  if (r.tokenizer.empty()) r.tokenizer = r.out_dir + "/tokenizer.model";
+  if (r.tokens.empty()) r.tokens = r.out_dir + "/corpus.tokens";
 }
 
 }  // namespace
@@ -264,6 +398,80 @@ std::optional<at::ScalarType> parse_dtype(const std::string& name) {
   return std::nullopt;
 }
 
+namespace {
+
+// One line per key for --list-keys (RecipeKeys.EveryKeyIsDocumented checks none is missing).
+const std::map<std::string, const char*>& meanings() {
+  static const std::map<std::string, const char*> m = {
+      {"name", "the run's name, shown in summaries"},
+      {"model.arch", "decoder family: Llama (RMSNorm, rotary, SwiGLU) or GPT-2"},
+      {"model.vocab_size", "vocabulary size; 0 takes the tokenizer's"},
+      {"model.dim", "model width d_model"},
+      {"model.n_layers", "number of Transformer blocks"},
+      {"model.n_heads", "attention heads (divides model.dim)"},
+      {"model.n_kv_heads", "key/value heads for grouped-query attention (divides model.n_heads)"},
+      {"model.ffn_dim", "hidden width of each block's MLP"},
+      {"model.max_seq_len", "longest sequence the model accepts (train.seq_len at most this)"},
+      {"model.rope_theta", "base of the rotary position embeddings"},
+      {"model.norm_eps", "epsilon of the normalisation layers"},
+      {"model.tie_embeddings", "share the token embedding with the output head"},
+      {"model.dtype", "dtype of parameters and activations"},
+      {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init)"},
+      {"data.corpus", "text file or folder the tokenizer and tokens are made from"},
+      {"data.tokenizer", "SentencePiece .model, trained when missing (empty: <out_dir>/tokenizer.model)"},
+      {"data.tokens", "token file, made when missing (empty: <out_dir>/corpus.tokens)"},
+      {"data.val_fraction", "share of the tokens held out for validation, above 0 and below 1"},
+      {"train.batch_size", "sequences per step"},
+      {"train.gradient_accumulation_steps", "micro-batches of train.batch_size rows per optimizer step (standard mode only)"},
+      {"train.seq_len", "tokens per sequence"},
+      {"train.steps", "optimizer steps of the run (the schedule's length)"},
+      {"train.seed", "seed of initialisation, batches and dropout"},
+      {"train.log_interval", "steps between metric lines"},
+      {"train.eval_interval", "steps between validation losses (0: never)"},
+      {"train.eval_batches", "batches per validation loss"},
+      {"train.checkpoint_interval", "steps between checkpoints (0: only at the end)"},
+      {"train.keep_checkpoints", "checkpoints kept in train.out_dir (older ones are pruned)"},
+      {"train.out_dir", "folder for checkpoints, metrics and (by default) the data files"},
+      {"train.device", "where the model trains"},
+      {"train.sample_prompt", "text continued after training to show a sample"},
+      {"train.sample_tokens", "tokens generated for the sample (0: none)"},
+      {"optimizer.algorithm", "the update rule"},
+      {"optimizer.lr", "peak learning rate"},
+      {"optimizer.weight_decay", "decoupled weight decay (adamw) or L2 penalty"},
+      {"optimizer.beta1", "Adam's first-moment decay, below 1"},
+      {"optimizer.beta2", "Adam's second-moment decay, below 1"},
+      {"optimizer.eps", "Adam's denominator epsilon"},
+      {"optimizer.momentum", "SGD momentum"},
+      {"optimizer.in_backward", "update each parameter inside backward and free its gradient at once"},
+      {"optimizer.clip", "gradient clipping"},
+      {"optimizer.max_grad_norm", "the clipping threshold"},
+      {"optimizer.state_precision", "precision of Adam's moments"},
+      {"optimizer.state_placement", "where Adam's moments live"},
+      {"optimizer.state_dir", "folder of the mapped state files (state_placement mmap)"},
+      {"optimizer.stochastic_rounding", "round bf16 parameter updates stochastically"},
+      {"schedule.kind", "learning-rate schedule"},
+      {"schedule.warmup_steps", "steps of linear warm-up (below train.steps for cosine and linear_decay)"},
+      {"schedule.min_lr_ratio", "final learning rate as a share of optimizer.lr"},
+      {"memory.checkpointing", "activation checkpointing policy"},
+      {"memory.activation_budget", "bytes of activations to fit by planning the checkpointing (0: use memory.checkpointing)"},
+      {"memory.chunked_loss", "compute the loss in token chunks, never all logits at once"},
+      {"memory.loss_chunk", "tokens per chunk of the chunked loss"},
+  };
+  return m;
+}
+
+}  // namespace
+
+std::vector<RecipeKey> recipe_key_docs() {
+  const Recipe defaults;
+  std::vector<RecipeKey> out;
+  for (const auto& f : fields()) {
+    const auto it = meanings().find(f.key);
+    out.push_back({f.key, f.type, f.get(defaults), it == meanings().end() ? "" : it->second});
+  }
+  return out;
+}
+
 std::vector<std::string> recipe_keys() {
   std::vector<std::string> keys;
   for (const auto& f : fields()) keys.push_back(f.key);
@@ -273,6 +481,11 @@ std::vector<std::string> recipe_keys() {
 Recipe parse_recipe(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides) {
   YAML::Node root;
   try {
+    ExpansionCheck check(source);
+    std::istringstream events(yaml_text);
+    YAML::Parser parser(events);
+    while (parser.HandleNextDocument(check)) {
+    }
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     throw RecipeError(source + ": not valid YAML (" + e.msg + " at line " + std::to_string(e.mark.line + 1) + ")");
@@ -282,12 +495,14 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
   if (root.IsMap()) flatten(root, "", flat, source);
   Recipe r;
   for (const auto& [key, value] : flat) apply(r, key, value, source);
+  Overridden overridden;
   for (const std::string& o : overrides) {
     const auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0) throw RecipeError("override '" + o + "' must look like section.key=value");
     apply(r, o.substr(0, eq), o.substr(eq + 1), "override");
+    overridden[o.substr(0, eq)] = o.substr(eq + 1);
   }
-  validate(r, source);
+  validate(r, source, overridden);
   return r;
 }
 

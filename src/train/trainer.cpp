@@ -195,6 +195,19 @@ class Trainer {
     tokenizer_.emplace(data::Tokenizer::load(data_.tokenizer_path));
     dataset_.emplace(data_.tokens_path, r_.val_fraction);
     if (dataset_->vocab_size() != data_.vocab_size) throw RecipeError(data_.tokens_path + " does not match the tokenizer");
+    // Both splits must hold one window (seq_len + 1 tokens): found now, not at the first evaluation.
+    const int64_t window = r_.seq_len + 1;
+    if (dataset_->val_tokens() < window) {
+      throw RecipeError("data.val_fraction " + std::to_string(r_.val_fraction) + " of the " +
+                        std::to_string(dataset_->train_tokens() + dataset_->val_tokens()) + " tokens of " + data_.tokens_path +
+                        " leaves " + std::to_string(dataset_->val_tokens()) + " for validation, fewer than train.seq_len + 1 = " +
+                        std::to_string(window));
+    }
+    if (dataset_->train_tokens() < window) {
+      throw RecipeError("data.val_fraction " + std::to_string(r_.val_fraction) + " leaves " +
+                        std::to_string(dataset_->train_tokens()) + " tokens of " + data_.tokens_path +
+                        " for training, fewer than train.seq_len + 1 = " + std::to_string(window));
+    }
     cfg_ = r_.model;
     cfg_.vocab_size = data_.vocab_size;
     result_.estimate = estimate_training_memory(r_, cfg_.vocab_size);

@@ -43,6 +43,60 @@ expect 2 "--device must be cpu, cuda or cuda:N, got 'tpu'" -- account --device t
 expect 2 "unexpected argument 'extra'" -- account extra
 expect 2 "device cuda:0 is not available" -- account --device cuda:0
 
+# Nothing after the command: one line on stderr, exit 2; --help and --version exit 0.
+expect 2 "a command is needed" --
+expect 2 "tokenizer needs an action" -- tokenizer
+expect 2 "bench needs a benchmark name" -- bench
+expect 0 "usage: frugal tokenizer" -- tokenizer --help
+if "$frugal" >"$tmp/out" 2>/dev/null; [ ! -s "$tmp/out" ]; then pass=$((pass + 1)); else echo "FAIL: bare frugal printed on stdout"; failed=$((failed + 1)); fi
+expect 0 "LibTorch 1\.\|LibTorch 2\." -- --version
+expect 0 "frugal [0-9]*\.[0-9]*\.[0-9]* (" -- --version
+
+# Output paths are checked before any work: a folder, a trailing '/', a parent that is a file.
+mkdir -p "$tmp/adir" && touch "$tmp/afile"
+expect 2 "--json-out $tmp/adir is a folder" -- account --json-out "$tmp/adir"
+expect 2 "--trace-out $tmp/adir/ is a folder" -- account --trace-out "$tmp/adir/"
+expect 2 "$tmp/afile is not a folder" -- account --json-out "$tmp/afile/x.json"
+expect 2 "--json-out $tmp/adir is a folder" -- train tiny --json-out "$tmp/adir"
+expect 2 "--trace-out $tmp/adir is a folder" -- train tiny --trace-out "$tmp/adir"
+expect 2 "--json-out $tmp/adir is a folder" -- bench checkpoint --json-out "$tmp/adir"
+expect 2 "--json-out $tmp/adir is a folder" -- bench optim-state --json-out "$tmp/adir"
+expect 2 "--out $tmp/adir/ is a folder" -- tokenizer train /usr/share/games/fortunes --out "$tmp/adir/"
+expect 2 "--out $tmp/adir is a folder" -- report "$tmp/nothing.json" -o "$tmp/adir"
+# ... and a parent that does not exist yet is made.
+expect 0 "wrote $tmp/new/sub/a.json" -- account --layers 1 --width 32 --heads 2 --batch 1 --seq 4 --skip-timing --json-out "$tmp/new/sub/a.json"
+# account writes JSON only when asked.
+(cd "$tmp/adir" && "$frugal" account --layers 1 --width 32 --heads 2 --batch 1 --seq 4 --skip-timing >/dev/null 2>&1)
+if [ -z "$(ls "$tmp/adir")" ]; then pass=$((pass + 1)); else echo "FAIL: account wrote $(ls "$tmp/adir") unasked"; failed=$((failed + 1)); fi
+
+# Bad recipe values and missing inputs, refused before any work with the culprit named.
+printf 'a: &x\n  b: *x\n' > "$tmp/loop.yaml"
+expect 2 "loop.yaml: an alias refers to the node that contains it" -- train "$tmp/loop.yaml"
+python3 -c 'import sys
+s = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n"
+for i in range(1, 9): s += "l%d: &l%d [%s]\n" % (i, i, ", ".join(["*l%d" % (i - 1)] * 9))
+open(sys.argv[1], "w").write(s)' "$tmp/laughs.yaml"
+expect 2 "laughs.yaml: expands to more than" -- train "$tmp/laughs.yaml"
+expect 2 "model.vocab_size must be an integer from 0 to 2147483647" -- train tiny --dry-run model.vocab_size=9223372036854775807
+expect 2 "model.vocab_size=2147483647, model.dim=33554432: too large" -- train tiny --dry-run model.vocab_size=2147483647 model.dim=33554432 model.n_heads=2 model.n_kv_heads=1
+expect 2 "train.seq_len=16777216: too large" -- train tiny --dry-run model.max_seq_len=16777216 train.seq_len=16777216
+expect 2 "train.steps=3 (from the command line)" -- train tiny train.steps=3
+expect 2 "data.val_fraction=0 (from the command line): it must be above 0" -- train tiny data.val_fraction=0
+expect 2 "train.out_dir must be set" -- train tiny train.out_dir=
+expect 2 "--memory-limit must be above 0" -- train tiny --memory-limit 0
+expect 2 "train.device must be cpu, cuda or cuda:N, got 'cuda:abc'" -- train tiny train.device=cuda:abc
+if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  expect 2 "train.device cuda is not available" -- train tiny train.device=cuda
+  expect 0 "estimated peak" -- train tiny --dry-run train.device=cuda model.vocab_size=512
+fi
+expect 2 "data.corpus /nonexistent does not exist" -- train tiny data.corpus=/nonexistent train.out_dir="$tmp/nocorpus"
+expect 2 "model.init_from /nonexistent is not a folder" -- train tiny model.init_from=/nonexistent
+expect 2 "train.out_dir $tmp/afile exists and is not a folder" -- train tiny train.out_dir="$tmp/afile"
+expect 2 "recipe '/nonexistent' is neither a file" -- bench optim-state --recipe /nonexistent
+expect 2 "recipe 'nosuch' is neither a file" -- bench train --recipe nosuch
+expect 0 "optimizer.algorithm  (one of sgd, adam, adamw; default adamw)" -- train --list-keys
+[ -e "$tmp/nocorpus" ] && { echo "FAIL: a refused run left $tmp/nocorpus behind"; failed=$((failed + 1)); }
+
 # An impossible activation budget: the last line says why and gives the smallest achievable one.
 "$frugal" account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --budget 100 --json-out "$tmp/b.json" >"$tmp/out" 2>"$tmp/err"
 got=$?

@@ -73,7 +73,7 @@ TEST(Recipe, RoundTripsThroughYaml) {
 TEST(Recipe, ErrorsNameTheKeyAndWhatIsAllowed) {
   expect_error(kYaml, {"train.stpes=3"}, "unknown key 'train.stpes'");
   expect_error(kYaml, {"train.steps=many"}, "train.steps must be an integer, got 'many'");
-  expect_error(kYaml, {"train.steps=0"}, "train.steps must be an integer >= 1, got '0'");
+  expect_error(kYaml, {"train.steps=0"}, "train.steps must be an integer from 1 to 1099511627776, got '0'");
   expect_error(kYaml, {"optimizer.algorithm=lion"}, "override: optimizer.algorithm must be one of sgd, adam, adamw, got 'lion'");
   expect_error(kYaml, {"optimizer.clip=x"},
                "override: optimizer.clip must be one of none, global_norm, global_norm_two_pass, per_param_norm, got 'x'");
@@ -84,9 +84,9 @@ TEST(Recipe, ErrorsNameTheKeyAndWhatIsAllowed) {
   expect_error(kYaml, {"train.device=tpu"}, "train.device must be cpu, cuda or cuda:N, got 'tpu'");
   expect_error(kYaml, {"train.device=cuda:x"}, "train.device must be cpu, cuda or cuda:N, got 'cuda:x'");
   expect_error(kYaml, {"memory.checkpointing=most"}, "memory.checkpointing must be one of none, full, every_K");
-  expect_error(kYaml, {"optimizer.clip=global_norm"}, "cannot run inside backward in one pass");
-  expect_error(kYaml, {"model.n_heads=5"}, "model: dim 32 must be divisible by n_heads 5");
-  expect_error(kYaml, {"train.seq_len=100"}, "train.seq_len 100 exceeds model.max_seq_len 64");
+  expect_error(kYaml, {"optimizer.clip=global_norm"}, "cannot run inside backward");
+  expect_error(kYaml, {"model.n_heads=5"}, "model: dim 32 must be divisible by n_heads 5 (model.n_heads=5 from the command line)");
+  expect_error(kYaml, {"train.seq_len=100"}, "train.seq_len=100 (from the command line) exceeds model.max_seq_len 64");
   expect_error(kYaml, {"noequals"}, "must look like section.key=value");
   expect_error("model: [1, 2", {}, "not valid YAML");
   expect_error("model:\n  dims: 3\n", {}, "unknown key 'model.dims'");
@@ -129,4 +129,93 @@ TEST(Recipe, HoldsTheTypedOptionsTheLayersTake) {
   EXPECT_EQ(back.device, r.device);
   EXPECT_EQ(back.optimizer.state().precision(), optim::StatePrecision::int4);
   EXPECT_EQ(back.checkpointing.name(), "every_2");
+}
+
+// Aliases are shared nodes in yaml-cpp: a self-referring one makes a cycle and nested ones expand
+// exponentially. Both, and their relatives, are refused before anything walks the tree.
+TEST(Recipe, RefusesYamlThatExpandsWithoutBound) {
+  expect_error("a: &x\n  b: *x\n", {}, "r.yaml: an alias refers to the node that contains it");
+  expect_error("model: &m\n  dim: 3\n  sub: [1, *m]\n", {}, "an alias refers to the node that contains it");
+  expect_error("a: &x [*x]\n", {}, "an alias refers to the node that contains it");
+  // "Billion laughs": 9 levels of 9 aliases each, under a kilobyte of text, 9^9 values walked.
+  std::string laughs = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int k = 0; k < 9; ++k) laughs += (k ? ", *l" : "*l") + std::to_string(i - 1);
+    laughs += "]\n";
+  }
+  ASSERT_LT(laughs.size(), 1024u);
+  expect_error(laughs, {}, "r.yaml: expands to more than 10000 values");
+  expect_error("a: " + std::string(5000, '[') + std::string(5000, ']') + "\n", {}, "r.yaml: nests deeper than 32 levels");
+  expect_error("? [a, b]\n: 1\n", {}, "the keys of the recipe must be names");
+  // Aliases a walk can afford stay allowed: one anchored value reused.
+  const Recipe r = parse_recipe("data:\n  corpus: &c /tmp/x\n  tokens: *c\n", "r.yaml");
+  EXPECT_EQ(r.tokens, "/tmp/x");
+}
+
+// Sizes past 64 bits must not wrap into small or negative counts: each integer key has a bound and
+// every product the estimate takes is checked, naming the key that makes it too large.
+TEST(Recipe, RefusesSizesThatWouldOverflow) {
+  expect_error(kYaml, {"model.vocab_size=9223372036854775807"}, "model.vocab_size must be an integer from 0 to 2147483647");
+  expect_error(kYaml, {"model.n_layers=100000"}, "model.n_layers must be an integer from 1 to 4096");
+  expect_error(kYaml, {"train.batch_size=99999999999"}, "train.batch_size must be an integer from 1 to 16777216");
+  expect_error(kYaml, {"train.steps=9223372036854775807"}, "train.steps must be an integer from 1 to");
+  expect_error(kYaml, {"train.log_interval=99999999999999"}, "train.log_interval must be an integer from 1 to");
+  expect_error(kYaml, {"model.vocab_size=2000000000", "model.dim=2000000000", "model.n_heads=2", "model.n_kv_heads=2"},
+               "model.dim=2000000000: too large");
+  expect_error(kYaml, {"model.ffn_dim=2000000000", "train.batch_size=16777216"}, "train.batch_size=16777216");
+  expect_error(kYaml, {"model.max_seq_len=16777216", "train.seq_len=16777216"}, "train.seq_len=16777216: too large");
+  // Large but representable stays allowed and exact: 2^31-1 vocabulary x 64 wide embeddings.
+  const Recipe r = parse_recipe(kYaml, "r.yaml", {"model.vocab_size=2147483647"});
+  EXPECT_EQ(r.model.vocab_size, 2147483647);
+}
+
+// An override that breaks a check is named as one, so the user knows which to change.
+TEST(Recipe, ChecksNameTheOverrideThatBrokeThem) {
+  expect_error(kYaml, {"train.steps=3", "schedule.warmup_steps=5"},
+               "schedule.warmup_steps=5 (from the command line) must be below train.steps=3 (from the command line)");
+  expect_error(kYaml, {"optimizer.beta2=1"}, "optimizer.beta2=1 (from the command line): it must be below 1");
+  expect_error(kYaml, {"model.dim=30"}, "(model.dim=30 from the command line)");
+  expect_error("model:\n  n_heads: 5\n  dim: 32\ndata:\n  corpus: x\n", {}, "r.yaml: model: dim 32 must be divisible by n_heads 5");
+}
+
+TEST(Recipe, RefusesValuesThatOnlyFailLater) {
+  expect_error(kYaml, {"data.val_fraction=-0.1"}, "data.val_fraction must be a number >= 0");
+  for (const char* v : {"0", "1", "1.5"}) {
+    expect_error(kYaml, {std::string("data.val_fraction=") + v}, "data.val_fraction=" + std::string(v) + " (from the command line): it must be above 0 and below 1");
+  }
+  expect_error(kYaml, {"train.out_dir="}, "train.out_dir must be set");
+}
+
+// data.tokenizer and data.tokens left empty live in train.out_dir, so changing the output folder
+// moves every file the run writes.
+TEST(Recipe, DataPathsFollowTheOutputFolder) {
+  const Recipe r = parse_recipe(kYaml, "r.yaml", {"train.out_dir=out/on"});
+  EXPECT_EQ(r.tokenizer, "out/on/tokenizer.model");
+  EXPECT_EQ(r.tokens, "out/on/corpus.tokens");
+  const Recipe set = parse_recipe(kYaml, "r.yaml", {"train.out_dir=out/on", "data.tokenizer=t.model"});
+  EXPECT_EQ(set.tokenizer, "t.model");
+  EXPECT_EQ(parse_recipe(recipe_to_yaml(r), "saved.yaml").tokenizer, "out/on/tokenizer.model");
+}
+
+// --list-keys prints these: every key has a type, a default that parses back and a meaning.
+TEST(Recipe, EveryKeyIsDocumented) {
+  const auto docs = recipe_key_docs();
+  ASSERT_EQ(docs.size(), recipe_keys().size());
+  std::vector<std::string> every_default;  // all set together: the defaults agree with each other
+  for (const RecipeKey& k : docs) {
+    EXPECT_FALSE(k.meaning.empty()) << k.key;
+    EXPECT_FALSE(k.type.empty()) << k.key;
+    if (k.key.rfind("data.", 0) != 0) every_default.push_back(k.key + "=" + k.default_value);
+  }
+  const Recipe r = parse_recipe("data:\n  corpus: /tmp/x\n", "r.yaml", every_default);
+  EXPECT_EQ(recipe_to_yaml(r), recipe_to_yaml(parse_recipe("data:\n  corpus: /tmp/x\n", "r.yaml")));
+  for (const RecipeKey& k : docs) {
+    if (k.key == "optimizer.algorithm") {
+      EXPECT_EQ(k.type, "one of sgd, adam, adamw");
+    }
+    if (k.key == "train.steps") {
+      EXPECT_EQ(k.default_value, "100");
+    }
+  }
 }

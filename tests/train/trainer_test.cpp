@@ -93,6 +93,19 @@ TEST(Trainer, GradientAccumulationInBackwardIsRefusedWithTheReason) {
   }
 }
 
+// A validation split too small for one window is refused once the data is known, before step 1
+// (it used to fail at the first evaluation, after the training steps).
+TEST(Trainer, RefusesAValidationSplitWithoutOneWindow) {
+  const auto recipe = tiny("tiny_split", {"data.val_fraction=0.000001"});
+  try {
+    train::run_training(recipe, train::TrainOptions().sample(false), quiet);
+    FAIL() << "accepted a validation split shorter than one window";
+  } catch (const train::RecipeError& e) {
+    EXPECT_NE(std::string(e.what()).find("for validation, fewer than train.seq_len + 1 = 33"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(train::latest_checkpoint(recipe.out_dir).empty());
+}
+
 TEST(Trainer, StoppedAndResumedRunFollowsTheSameTrajectory) {
   for (const char* in_backward : {"false", "true"}) {
     SCOPED_TRACE(std::string("in_backward=") + in_backward);

@@ -32,6 +32,11 @@ struct DecoderActivationBytes {
   int64_t block_params = 0;             // bytes of one block's parameters
 };
 
+// Every size here is computed with overflow checks: one past kMaxSizeBytes (2^56, 64 PiB) throws
+// std::overflow_error naming the product, so the sums and small multiples callers take of them
+// (the estimate, optimizer state per parameter) cannot wrap either.
+constexpr int64_t kMaxSizeBytes = int64_t{1} << 56;
+
 DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& config, int64_t batch, int64_t seq,
                                                 at::ScalarType dtype, const LossOptions& loss);
 

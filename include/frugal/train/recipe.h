@@ -2,11 +2,13 @@
 //
 // Sections: model, data, train, optimizer, schedule, memory (see recipes/*.yaml). Any key can be
 // overridden as section.key=value; an unknown key or a bad value is a RecipeError naming the key
-// and what is allowed (the allowed values of an enum come from its layer's name table:
+// and what is allowed, and a check an override breaks names the override (the allowed values of an enum come from its layer's name table:
 // optim::parse_clip, optim::parse_precision, checkpoint::CheckpointPolicy::parse, ...). The recipe
 // holds the options the layers take (optim::OptimizerOptions, optim::ScheduleOptions,
 // checkpoint::CheckpointPolicy, models::LossOptions, a c10::Device), so nothing downstream
-// re-parses text.
+// re-parses text. Every integer key has an upper bound and every size the job computes is
+// overflow-checked; aliases that would expand without bound (self-reference, "billion laughs") are
+// refused before the YAML is walked.
 //
 //   auto recipe = frugal::train::load_recipe("recipes/tiny.yaml", {"train.steps=20", "optimizer.in_backward=true"});
 //   frugal::optim::Optimizer opt(model->named_parameters(), recipe.optimizer);
@@ -40,6 +42,8 @@ struct Recipe {
   std::string init_from;                 // a Hugging Face checkpoint folder to fine-tune from ("" = random init)
   // data
   std::string corpus;                    // a text file or folder
+  // The data files follow train.out_dir: left empty ("") in the YAML, load_recipe sets them to
+  // "<out_dir>/tokenizer.model" and "<out_dir>/corpus.tokens"; set explicitly, they stay as given.
   std::string tokenizer;                 // a SentencePiece .model; trained on the corpus when missing
   std::string tokens;                    // the token file; made from the corpus when missing
   double val_fraction = 0.05;
@@ -85,6 +89,11 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
 std::string recipe_to_yaml(const Recipe& recipe);
 // Every key, as "section.key".
 std::vector<std::string> recipe_keys();
+// Every key with what it takes, its default (the value when a recipe leaves it out) and one line of meaning.
+struct RecipeKey {
+  std::string key, type, default_value, meaning;
+};
+std::vector<RecipeKey> recipe_key_docs();
 
 }  // namespace train
 }  // namespace frugal
