@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/quantize.h"
@@ -71,6 +72,7 @@ int bench_optim_state(int argc, char** argv) {
     for (size_t i = 0; i < precisions.size(); ++i) {
       char tmp[] = "/tmp/frugal-bench-state-XXXXXX";
       if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
+      const io::TempPath out_dir(tmp);  // removed on every way out, errors included
       train::Recipe r;
       try {
         r = train::load_recipe(recipe_path, {"train.steps=" + std::to_string(steps), std::string("train.out_dir=") + tmp,
