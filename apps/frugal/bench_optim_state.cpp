@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
 #include "frugal/optim/optimizer.h"
@@ -92,6 +93,7 @@ int bench_optim_state(int argc, char** argv) {
     for (size_t i = 0; i < precisions.size(); ++i) {
       char tmp[] = "/tmp/frugal-bench-state-XXXXXX";
       if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
+      const io::TempPath out_dir(tmp);  // removed on every way out, errors included
       const train::Recipe r = recipe_for(precisions[i], tmp);
       TrainProgress shown(std::string("frugal bench optim-state (") + optim::precision_name(precisions[i]) + "): ", /*bar=*/false);
       const auto result = train::run_training(r, train::TrainOptions().sample(false).on_progress(shown.on_progress()), shown.log());

@@ -39,8 +39,7 @@ int run_generate(int argc, char** argv) {
   models::Decoder model;
   data::Tokenizer tok;
   try {
-    model = models::make_decoder(models::read_hf_config(step_dir + "/config.json"));
-    models::load_hf_weights(*model, step_dir);
+    model = models::load_hf_checkpoint(step_dir);  // the config's sizes checked against the weights first
     tok = data::Tokenizer::load(step_dir + "/tokenizer.model");
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());

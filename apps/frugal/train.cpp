@@ -285,6 +285,11 @@ int run_train(int argc, char** argv) {
     shown.end_line();  // the error main() prints starts on a line of its own
     throw;
   }
+  if (result.already_complete) {
+    std::cout << "run already complete: " << result.checkpoint << " is at step " << result.last_step << " (train.steps "
+              << recipe.steps << "); nothing to do\n";
+    return 0;
+  }
   std::ostringstream summary;
   char line[256];
   std::snprintf(line, sizeof(line), "trained %s (%lld parameters) to step %lld: last loss %.4f, validation loss %.4f, %.0f tokens/s\n",

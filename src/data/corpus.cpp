@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -25,16 +26,17 @@ namespace {
 constexpr char kMagic[8] = {'F', 'R', 'U', 'G', 'A', 'L', 'T', 'K'};
 constexpr size_t kHeaderBytes = 32;
 
-void collect_files(const std::string& path, std::vector<std::string>& out, int depth) {
+// Each real folder is entered once (by device and inode), so symlink loops end.
+void collect_files(const std::string& path, std::vector<std::string>& out, std::set<std::pair<dev_t, ino_t>>& seen_dirs) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;
   if (S_ISREG(st.st_mode)) {
     out.push_back(path);
     return;
   }
-  if (!S_ISDIR(st.st_mode) || depth > 8) return;
+  if (!S_ISDIR(st.st_mode) || !seen_dirs.insert({st.st_dev, st.st_ino}).second) return;
   DIR* dir = ::opendir(path.c_str());
-  if (!dir) return;
+  if (!dir) throw std::invalid_argument("corpus folder " + path + " cannot be read: " + std::strerror(errno));
   std::vector<std::string> names;
   while (dirent* e = ::readdir(dir)) {
     const std::string name = e->d_name;
@@ -42,7 +44,29 @@ void collect_files(const std::string& path, std::vector<std::string>& out, int d
   }
   ::closedir(dir);
   std::sort(names.begin(), names.end());
-  for (const auto& n : names) collect_files(path + "/" + n, out, depth + 1);
+  for (const auto& n : names) collect_files(path + "/" + n, out, seen_dirs);
+}
+
+// The whole file; a file that cannot be opened or read is an error with the system's reason
+// (iostreams would report a read error as end of file, or throw with their internals' name).
+std::string read_text(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::invalid_argument("corpus file " + path + " cannot be read: " + std::strerror(errno));
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw std::invalid_argument("corpus file " + path + " cannot be read: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 // Splits fortune-format text at lines holding only "%"; other text is one document.
@@ -73,14 +97,14 @@ std::vector<std::string> read_corpus(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("corpus " + path + " does not exist");
   std::vector<std::string> files;
-  collect_files(path, files, 0);
+  std::set<std::pair<dev_t, ino_t>> seen_dirs;
+  collect_files(path, files, seen_dirs);
   std::set<std::string> seen;
   std::vector<std::string> docs;
   for (const auto& f : files) {
     char real[PATH_MAX];
     if (!::realpath(f.c_str(), real) || !seen.insert(real).second) continue;  // a link to a file already read
-    std::ifstream in(f, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)), {});
+    const std::string text = read_text(f);
     if (text.find('\0') != std::string::npos) continue;  // binary (e.g. fortune's .dat index files)
     split_documents(text, docs);
   }
@@ -103,11 +127,37 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   out.commit();
 }
 
-int64_t tokenize_corpus(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path) {
+namespace {
+
+void encode_in_pieces(const std::string& doc, const Tokenizer& tokenizer, std::vector<int32_t>& out, size_t piece_bytes) {
+  // One encode call over a long line costs many times its size; pieces keep it bounded. A piece
+  // ends before whitespace in its second half (SentencePiece starts each word at a space, so the
+  // tokens are those of the whole text), else at a UTF-8 character boundary.
+  piece_bytes = std::max<size_t>(piece_bytes, 2);
+  size_t pos = 0;
+  while (pos < doc.size()) {
+    size_t end = std::min(doc.size(), pos + piece_bytes);
+    if (end < doc.size()) {
+      const size_t cut = doc.find_last_of(" \t\r\n", end);
+      if (cut != std::string::npos && cut > pos + piece_bytes / 2) {
+        end = cut;
+      } else {
+        while (end > pos + 1 && (static_cast<unsigned char>(doc[end]) & 0xC0) == 0x80) --end;
+      }
+    }
+    const auto ids = tokenizer.encode(doc.substr(pos, end - pos));
+    out.insert(out.end(), ids.begin(), ids.end());
+    pos = end;
+  }
+}
+
+}  // namespace
+
+int64_t tokenize_corpus(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path,
+                        size_t piece_bytes) {
   std::vector<int32_t> tokens;
   for (const std::string& doc : documents) {
-    const auto ids = tokenizer.encode(doc);
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    encode_in_pieces(doc, tokenizer, tokens, piece_bytes);
     tokens.push_back(tokenizer.eos_id());
   }
   write_token_file(path, tokens, tokenizer.vocab_size());

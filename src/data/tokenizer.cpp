@@ -1,17 +1,25 @@
 #include "frugal/data/tokenizer.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <limits.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <vector>
+
+#include "frugal/io/files.h"
 
 extern char** environ;
 
@@ -88,16 +96,24 @@ const SentencePieceApi& api() {
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& model_path) {
+  // SentencePiece's own messages for these name its stream internals, not the problem.
+  struct stat st {};
+  if (::stat(model_path.c_str(), &st) != 0) throw std::invalid_argument("tokenizer " + model_path + " does not exist");
+  if (S_ISDIR(st.st_mode)) throw std::invalid_argument("tokenizer " + model_path + " is a folder, not a SentencePiece model file");
+  if (!S_ISREG(st.st_mode)) throw std::invalid_argument("tokenizer " + model_path + " is not a regular file");
   const SentencePieceApi& spm = api();
   char err[512] = {};
   void* handle = spm.load(model_path.c_str(), err, sizeof(err));
-  if (!handle) throw std::invalid_argument("tokenizer " + model_path + " cannot be loaded: " + err);
+  if (!handle) throw std::invalid_argument("tokenizer " + model_path + " is not a SentencePiece model (" + err + ")");
   Tokenizer t;
   t.sp_ = std::shared_ptr<void>(handle, [free_model = spm.free_model](void* h) { free_model(h); });
   t.path_ = model_path;
   t.vocab_ = spm.piece_size(handle);
   t.bos_ = spm.bos_id(handle);
   t.eos_ = spm.eos_id(handle);
+  // Documents end with EOS in the token file: without one the ids would fall outside the vocabulary.
+  if (t.eos_ < 0 || t.eos_ >= t.vocab_) throw std::invalid_argument("tokenizer " + model_path + " has no end-of-sequence piece (eos_id)");
+  if (t.bos_ >= t.vocab_) t.bos_ = -1;
   return t;
 }
 
@@ -138,19 +154,25 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   if (options.model_type() != "bpe" && options.model_type() != "unigram") {
     throw std::invalid_argument("tokenizer: model_type must be bpe or unigram, got '" + options.model_type() + "'");
   }
-  // SentencePiece reads sentences from a file, one per line.
-  char tmp[] = "/tmp/frugal-tokenizer-corpus-XXXXXX";
-  const int fd = ::mkstemp(tmp);
-  if (fd < 0) throw std::runtime_error("tokenizer: cannot create a temporary corpus file");
+  remove_stale_tokenizer_files();
+  // SentencePiece reads sentences from a file, one per line. Our PID in the names lets a later run
+  // tell a dead run's leftovers from a live one's.
+  const std::string pid = std::to_string(::getpid());
+  std::string corpus_path = "/tmp/frugal-tokenizer-corpus-" + pid + "-XXXXXX";
+  const int fd = ::mkstemp(&corpus_path[0]);
+  if (fd < 0) throw std::runtime_error("tokenizer: cannot create a temporary corpus file in /tmp");
   ::close(fd);
+  const io::TempPath corpus_file(corpus_path);  // removed on every way out
   {
-    std::ofstream out(tmp, std::ios::binary);
+    std::ofstream out(corpus_path, std::ios::binary);
     for (const std::string& doc : documents) {
       out << doc;
       if (doc.empty() || doc.back() != '\n') out << '\n';
     }
+    out.flush();
+    if (!out) throw std::runtime_error("tokenizer: cannot write the temporary corpus file " + corpus_path);
   }
-  const std::string args = std::string("--input=") + tmp + " --model_prefix=" + model_prefix +
+  const std::string args = std::string("--input=") + corpus_path + " --model_prefix=" + model_prefix +
                            " --vocab_size=" + std::to_string(options.vocab_size()) +
                            " --model_type=" + options.model_type() +
                            " --character_coverage=" + std::to_string(options.character_coverage()) +
@@ -165,38 +187,79 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
       break;
     }
   }
-  if (trainer.empty()) {
-    std::remove(tmp);
-    throw std::runtime_error("tokenizer: cannot find the frugal-spm-train helper next to the executable");
-  }
-  char err_path[] = "/tmp/frugal-tokenizer-log-XXXXXX";
-  const int err_fd = ::mkstemp(err_path);
-  pid_t pid = -1;
+  if (trainer.empty()) throw std::runtime_error("tokenizer: cannot find the frugal-spm-train helper next to the executable");
+  std::string log_path = "/tmp/frugal-tokenizer-log-" + pid + "-XXXXXX";
+  const int err_fd = ::mkstemp(&log_path[0]);
+  std::optional<io::TempPath> log_file;
+  if (err_fd >= 0) log_file.emplace(log_path);
+  pid_t child = -1;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (err_fd >= 0) {
     posix_spawn_file_actions_adddup2(&actions, err_fd, STDERR_FILENO);
     posix_spawn_file_actions_adddup2(&actions, err_fd, STDOUT_FILENO);
   }
+  // The helper asks to die with us (PR_SET_PDEATHSIG) and checks it still has this parent.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    if (std::strncmp(*e, "FRUGAL_SPM_PARENT=", 18) != 0) env_strings.emplace_back(*e);
+  }
+  env_strings.push_back("FRUGAL_SPM_PARENT=" + pid);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(&e[0]);
+  envp.push_back(nullptr);
   char* const argv[] = {const_cast<char*>(trainer.c_str()), const_cast<char*>(args.c_str()), nullptr};
-  const int spawn_rc = ::posix_spawn(&pid, trainer.c_str(), &actions, nullptr, argv, environ);
+  const int spawn_rc = ::posix_spawn(&child, trainer.c_str(), &actions, nullptr, argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
   int status = 0;
-  if (spawn_rc == 0) ::waitpid(pid, &status, 0);
+  if (spawn_rc == 0) {
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
   std::string log;
   if (err_fd >= 0) {
     ::close(err_fd);
-    std::ifstream in(err_path);
+    std::ifstream in(log_path);
     log.assign(std::istreambuf_iterator<char>(in), {});
-    std::remove(err_path);
   }
-  std::remove(tmp);
   if (spawn_rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    const auto last = log.find_last_not_of("\n");
-    const auto start = log.find_last_of('\n', last == std::string::npos ? 0 : last);
-    throw std::runtime_error("tokenizer: training failed: " +
-                             (log.empty() ? std::string("the trainer did not run") : log.substr(start == std::string::npos ? 0 : start + 1)));
+    // Only the helper's own one-line summary: SentencePiece's log lines name its source files.
+    const std::string tag = "frugal-spm-train: error: ";
+    const auto at = log.rfind(tag);
+    std::string why = "the trainer did not run";
+    if (at != std::string::npos) {
+      why = log.substr(at + tag.size());
+      why = why.substr(0, why.find('\n'));
+    } else if (spawn_rc == 0) {
+      why = "the trainer stopped (" + (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                                            : "exit status " + std::to_string(WEXITSTATUS(status))) + ")";
+    }
+    // What SentencePiece refuses is the input's fault (too few characters for the vocabulary...).
+    if (at != std::string::npos) throw std::invalid_argument("tokenizer: training on the corpus failed: " + why);
+    throw std::runtime_error("tokenizer: training failed: " + why);
   }
+}
+
+void remove_stale_tokenizer_files(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    for (const std::string prefix : {"frugal-tokenizer-corpus-", "frugal-tokenizer-log-"}) {
+      if (n.rfind(prefix, 0) != 0) continue;
+      const std::string rest = n.substr(prefix.size());
+      const auto dash = rest.find('-');
+      if (dash == std::string::npos || dash == 0 || dash > 9 || rest.size() != dash + 7 ||
+          rest.find_first_not_of("0123456789") != dash) {
+        continue;
+      }
+      const pid_t owner = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+      if (owner != ::getpid() && ::kill(owner, 0) != 0 && errno == ESRCH) stale.push_back(dir + "/" + n);
+    }
+  }
+  ::closedir(d);
+  for (const auto& f : stale) ::unlink(f.c_str());
 }
 
 }  // namespace data

@@ -1,6 +1,8 @@
 #include "frugal/io/files.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -10,6 +12,9 @@ namespace frugal {
 namespace io {
 
 std::string read_file(const std::string& path) {
+  struct stat st {};
+  // A folder opens as a stream and fails inside the library's reader: say what it is.
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw std::invalid_argument(path + " is a folder, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument(path + " cannot be read");
   std::stringstream s;
@@ -39,6 +44,23 @@ void make_directories(const std::string& dir) {
   }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw std::runtime_error("cannot create folder " + dir);
+}
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    if (DIR* dir = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(dir)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") remove_tree(path + "/" + name);
+      }
+      ::closedir(dir);
+    }
+    ::rmdir(path.c_str());
+  } else {
+    ::unlink(path.c_str());
+  }
 }
 
 std::string parent_path(const std::string& path) {

@@ -114,95 +114,211 @@ std::string hf_config_json(const DecoderConfig& c, const std::string& torch_dtyp
   return out.str();
 }
 
-void load_hf_weights(DecoderImpl& model, const std::string& dir) {
-  // name -> shard file
-  std::map<std::string, std::string> where;
-  const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
-  std::vector<std::string> files;
-  if (io::is_regular_file(index)) {
-    io::JsonValue j;
-    try {
-      j = io::parse_json(io::read_file(index));
-      for (const auto& [name, file] : j.at("weight_map").members()) {
-        const std::string& f = file.as_string();
-        if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
-          throw std::invalid_argument(index + ": shard name '" + f + "' must be a plain file name");
+namespace {
+
+// The weight files of a folder, opened lazily, and the match of the model's names and shapes
+// against their headers (no data is read).
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& dir) : dir_(dir) {
+    const std::string index = dir + "/model.safetensors.index.json";
+    single_ = dir + "/model.safetensors";
+    if (io::is_regular_file(index)) {
+      io::JsonValue j;
+      try {
+        j = io::parse_json(io::read_file(index));
+        const io::JsonValue* map = j.is_object() ? j.find("weight_map") : nullptr;
+        if (!map || !map->is_object()) throw std::invalid_argument(index + ": 'weight_map' must be an object");
+        for (const auto& [name, file] : map->members()) {
+          if (!file.is_string()) throw std::invalid_argument(index + ": the shard of '" + name + "' must be a string");
+          const std::string& f = file.as_string();
+          if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
+            throw std::invalid_argument(index + ": shard name '" + f + "' must be a plain file name");
+          }
+          where_[name] = dir + "/" + f;
         }
-        where[name] = dir + "/" + f;
+      } catch (const io::JsonError& e) {
+        throw std::invalid_argument(index + ": " + e.what());
       }
-    } catch (const io::JsonError& e) {
-      throw std::invalid_argument(index + ": " + e.what());
+    } else if (!io::is_regular_file(single_)) {
+      throw std::invalid_argument(dir + ": no model.safetensors or model.safetensors.index.json");
     }
-  } else if (!io::is_regular_file(single)) {
-    throw std::invalid_argument(dir + ": no model.safetensors or model.safetensors.index.json");
   }
-  std::map<std::string, std::unique_ptr<io::SafetensorsReader>> readers;
-  auto reader_for = [&](const std::string& name) -> io::SafetensorsReader* {
-    const std::string file = where.empty() ? single : (where.count(name) ? where[name] : "");
+
+  struct Source {
+    size_t index;                 // into the list matched
+    io::SafetensorsReader* reader;
+    std::string name;             // in the file
+    bool transposed;              // GPT-2's Conv1D weights are stored (in, out)
+  };
+
+  // Every name and shape checked against the headers; throws std::invalid_argument naming what is
+  // missing and, for each wrong shape, the tensor and the dimension.
+  std::vector<Source> match(const std::string& arch, const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) {
+    std::vector<std::string> missing, wrong;
+    std::vector<Source> sources;
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::string name = params[i].first;
+      io::SafetensorsReader* r = reader_for(name);
+      if (!r && arch == "gpt2" && name.rfind("transformer.", 0) == 0) {
+        name = name.substr(12);  // some GPT-2 files omit the prefix
+        r = reader_for(name);
+      }
+      if (!r) {
+        missing.push_back(params[i].first);
+        continue;
+      }
+      std::vector<int64_t> shape = r->find(name)->shape;
+      const bool transposed = is_conv1d(arch, name) && shape.size() == 2;
+      if (transposed) std::swap(shape[0], shape[1]);
+      const std::vector<int64_t>& want = params[i].second;
+      if (shape != want) {
+        std::ostringstream m;
+        m << params[i].first << " is " << at::IntArrayRef(shape) << " in the file but " << at::IntArrayRef(want) << " in the model";
+        if (shape.size() != want.size()) {
+          m << " (" << shape.size() << " dimensions vs " << want.size() << ")";
+        } else {
+          for (size_t d = 0; d < shape.size(); ++d) {
+            if (shape[d] != want[d]) {
+              m << " (dimension " << d << ": " << shape[d] << " vs " << want[d] << ")";
+              break;
+            }
+          }
+        }
+        wrong.push_back(m.str());
+        continue;
+      }
+      sources.push_back({i, r, name, transposed});
+    }
+    if (!missing.empty() || !wrong.empty()) {
+      std::ostringstream m;
+      m << dir_ << ": the weights do not fit the model.";
+      if (!missing.empty()) {
+        m << " Missing:";
+        for (size_t i = 0; i < missing.size() && i < 10; ++i) m << (i ? ", " : " ") << missing[i];
+        if (missing.size() > 10) m << " (and " << missing.size() - 10 << " more)";
+        m << ".";
+      }
+      if (!wrong.empty()) {
+        m << " Wrong shapes:";
+        for (size_t i = 0; i < wrong.size() && i < 10; ++i) m << (i ? "; " : " ") << wrong[i];
+        if (wrong.size() > 10) m << " (and " << wrong.size() - 10 << " more)";
+        m << ".";
+      }
+      throw std::invalid_argument(m.str());
+    }
+    return sources;
+  }
+
+  // Tensors named in the index, or held by the single file.
+  uint64_t tensor_count() {
+    if (!where_.empty()) return where_.size();
+    reader_for("");
+    return readers_.count(single_) ? readers_[single_]->tensors().size() : 0;
+  }
+
+ private:
+  io::SafetensorsReader* reader_for(const std::string& name) {
+    const std::string file = where_.empty() ? single_ : (where_.count(name) ? where_[name] : "");
     if (file.empty()) return nullptr;
-    auto& r = readers[file];
+    auto& r = readers_[file];
     try {
       if (!r) r = std::make_unique<io::SafetensorsReader>(file);
     } catch (const io::SafetensorsError& e) {
       throw std::invalid_argument(e.what());
     }
     return r->find(name) ? r.get() : nullptr;
-  };
-  const std::string arch = model.config().arch;
-  std::vector<std::string> missing, wrong;
-  struct Source {
-    at::Tensor param;
-    io::SafetensorsReader* reader;
-    std::string name;     // in the file
-    bool transposed;      // GPT-2's Conv1D weights are stored (in, out)
-  };
-  std::vector<Source> sources;
-  // Every name and shape is checked against the files' headers before a byte of data is read.
+  }
+
+  std::string dir_, single_;
+  std::map<std::string, std::string> where_;  // name -> shard file
+  std::map<std::string, std::unique_ptr<io::SafetensorsReader>> readers_;
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> hf_parameter_shapes(const DecoderConfig& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.emplace_back(name, std::move(shape)); };
+  const int64_t d = c.dim, f = c.ffn_dim, V = c.vocab_size;
+  if (c.arch == "gpt2") {
+    add("transformer.wte.weight", {V, d});
+    add("transformer.wpe.weight", {c.max_seq_len, d});
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      const std::string b = "transformer.h." + std::to_string(i) + ".";
+      add(b + "ln_1.weight", {d});
+      add(b + "ln_1.bias", {d});
+      add(b + "attn.c_attn.weight", {3 * d, d});
+      add(b + "attn.c_attn.bias", {3 * d});
+      add(b + "attn.c_proj.weight", {d, d});
+      add(b + "attn.c_proj.bias", {d});
+      add(b + "ln_2.weight", {d});
+      add(b + "ln_2.bias", {d});
+      add(b + "mlp.c_fc.weight", {f, d});
+      add(b + "mlp.c_fc.bias", {f});
+      add(b + "mlp.c_proj.weight", {d, f});
+      add(b + "mlp.c_proj.bias", {d});
+    }
+    add("transformer.ln_f.weight", {d});
+    add("transformer.ln_f.bias", {d});
+    return out;
+  }
+  const int64_t hd = c.head_dim();
+  add("model.embed_tokens.weight", {V, d});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string b = "model.layers." + std::to_string(i) + ".";
+    add(b + "self_attn.q_proj.weight", {c.n_heads * hd, d});
+    add(b + "self_attn.k_proj.weight", {c.n_kv_heads * hd, d});
+    add(b + "self_attn.v_proj.weight", {c.n_kv_heads * hd, d});
+    add(b + "self_attn.o_proj.weight", {d, c.n_heads * hd});
+    add(b + "mlp.gate_proj.weight", {f, d});
+    add(b + "mlp.up_proj.weight", {f, d});
+    add(b + "mlp.down_proj.weight", {d, f});
+    add(b + "input_layernorm.weight", {d});
+    add(b + "post_attention_layernorm.weight", {d});
+  }
+  add("model.norm.weight", {d});
+  if (!c.tie_embeddings) add("lm_head.weight", {V, d});
+  return out;
+}
+
+void check_hf_weights(const DecoderConfig& config, const std::string& dir) {
+  WeightFiles files(dir);
+  // Counted first: the list of names itself grows with the config's claims (10^8 layers).
+  const uint64_t per_layer = config.arch == "gpt2" ? 12 : 9, layers = static_cast<uint64_t>(config.n_layers);
+  const uint64_t implied = layers * per_layer + (config.arch == "gpt2" ? 4 : (config.tie_embeddings ? 2 : 3));
+  if (layers > (uint64_t{1} << 40) || implied > files.tensor_count()) {
+    throw std::invalid_argument(dir + ": config.json implies " + std::to_string(implied) + " tensors (" + std::to_string(layers) +
+                                " layers) but the weights hold " + std::to_string(files.tensor_count()));
+  }
+  files.match(config.arch, hf_parameter_shapes(config));
+}
+
+Decoder load_hf_checkpoint(const std::string& dir, const at::TensorOptions& options) {
+  const DecoderConfig config = read_hf_config(dir + "/config.json");
+  check_hf_weights(config, dir);  // before the model is built: the config's sizes are only claims
+  Decoder model = make_decoder(config, options);
+  load_hf_weights(*model, dir);
+  return model;
+}
+
+int64_t load_hf_weights(DecoderImpl& model, const std::string& dir) {
+  WeightFiles files(dir);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  std::vector<at::Tensor> params;
   for (const auto& item : model.named_parameters()) {
-    std::string name = item.key();
-    io::SafetensorsReader* r = reader_for(name);
-    if (!r && arch == "gpt2" && name.rfind("transformer.", 0) == 0) {
-      name = name.substr(12);  // some GPT-2 files omit the prefix
-      r = reader_for(name);
-    }
-    if (!r) {
-      missing.push_back(item.key());
-      continue;
-    }
-    std::vector<int64_t> shape = r->find(name)->shape;
-    const bool transposed = is_conv1d(arch, name) && shape.size() == 2;
-    if (transposed) std::swap(shape[0], shape[1]);
-    if (!item.value().sizes().equals(shape)) {
-      std::ostringstream m;
-      m << item.key() << " " << at::IntArrayRef(shape) << " in the file vs " << item.value().sizes() << " in the model";
-      wrong.push_back(m.str());
-      continue;
-    }
-    sources.push_back({item.value(), r, name, transposed});
+    shapes.emplace_back(item.key(), item.value().sizes().vec());
+    params.push_back(item.value());
   }
-  if (!missing.empty() || !wrong.empty()) {
-    std::ostringstream m;
-    m << dir << ": the weights do not fit the model.";
-    if (!missing.empty()) {
-      m << " Missing:";
-      for (size_t i = 0; i < missing.size() && i < 10; ++i) m << (i ? ", " : " ") << missing[i];
-      if (missing.size() > 10) m << " (and " << missing.size() - 10 << " more)";
-      m << ".";
-    }
-    if (!wrong.empty()) {
-      m << " Wrong shapes:";
-      for (size_t i = 0; i < wrong.size() && i < 10; ++i) m << (i ? "; " : " ") << wrong[i];
-      m << ".";
-    }
-    throw std::invalid_argument(m.str());
-  }
+  const auto sources = files.match(model.config().arch, shapes);  // every header checked before a byte of data is read
   // One tensor at a time: read it, convert it into the parameter (dtype and device), drop it. The
   // peak is the parameters plus the largest tensor.
   at::NoGradGuard no_grad;
-  for (Source& src : sources) {
+  for (const auto& src : sources) {
     at::Tensor t = src.reader->load(src.name);
-    src.param.copy_(src.transposed ? t.t() : t);
+    params[src.index].copy_(src.transposed ? t.t() : t);
   }
+  return static_cast<int64_t>(sources.size());
 }
 
 void save_hf_checkpoint(DecoderImpl& model, const std::string& dir, int64_t max_shard_bytes) {

@@ -117,9 +117,12 @@ at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device
   if (fd < 0) throw std::runtime_error("optimizer state: cannot create a file in " + mmap_dir_ + ": " + std::strerror(errno));
   ::unlink(path.c_str());
   const size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(dtype));
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  // Reserved now: a sparse file on a full disk fails later, as SIGBUS on first touch of a page.
+  const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc != 0) {
     ::close(fd);
-    throw std::runtime_error("optimizer state: cannot size a file in " + mmap_dir_);
+    throw std::runtime_error("optimizer state: cannot reserve " + std::to_string(bytes) + " bytes in " + mmap_dir_ + " (" +
+                             std::strerror(rc) + "); free space there or set optimizer.state_dir elsewhere");
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);

@@ -421,7 +421,7 @@ const std::map<std::string, const char*>& meanings() {
       {"data.tokenizer", "SentencePiece .model, trained when missing (empty: <out_dir>/tokenizer.model)"},
       {"data.tokens", "token file, made when missing (empty: <out_dir>/corpus.tokens)"},
       {"data.val_fraction", "share of the tokens held out for validation, above 0 and below 1"},
-      {"train.batch_size", "sequences per step"},
+      {"train.batch_size", "sequences per micro-batch (a step takes train.gradient_accumulation_steps of them)"},
       {"train.gradient_accumulation_steps", "micro-batches of train.batch_size rows per optimizer step (standard mode only)"},
       {"train.seq_len", "tokens per sequence"},
       {"train.steps", "optimizer steps of the run (the schedule's length)"},

@@ -2,10 +2,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -22,25 +24,6 @@
 namespace frugal {
 namespace train {
 namespace {
-
-void remove_tree(const std::string& path) {
-  DIR* dir = ::opendir(path.c_str());
-  if (dir) {
-    while (dirent* e = ::readdir(dir)) {
-      const std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
-      const std::string child = path + "/" + name;
-      struct stat st {};
-      if (::lstat(child.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-        remove_tree(child);
-      } else {
-        ::unlink(child.c_str());
-      }
-    }
-    ::closedir(dir);
-  }
-  ::rmdir(path.c_str());
-}
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -63,15 +46,21 @@ std::string rng_state_to_hex() {
   return hex;
 }
 
+int64_t rng_state_bytes() { return at::detail::getDefaultCPUGenerator().get_state().numel(); }
+
 void rng_state_from_hex(const std::string& hex) {
-  if (hex.empty()) return;
-  if (hex.size() % 2) throw std::invalid_argument("trainer state: bad RNG state");
-  at::Tensor state = at::empty({static_cast<int64_t>(hex.size() / 2)}, at::kByte);
+  // set_state's own complaint names a LibTorch struct; say what is wrong in our terms.
+  const int64_t want = rng_state_bytes();
+  if (static_cast<int64_t>(hex.size()) != 2 * want) {
+    throw std::invalid_argument("the RNG state has " + std::to_string(hex.size()) + " hex digits; the CPU generator's has " +
+                                std::to_string(2 * want));
+  }
+  at::Tensor state = at::empty({want}, at::kByte);
   auto* p = state.data_ptr<uint8_t>();
   auto nibble = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    throw std::invalid_argument("trainer state: bad RNG state");
+    throw std::invalid_argument("the RNG state holds a character that is not a lower-case hex digit");
   };
   for (size_t i = 0; i < hex.size() / 2; ++i) p[i] = static_cast<uint8_t>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
   at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator
@@ -85,24 +74,29 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
   const std::string name = step_name(state.step);
   const std::string final_dir = out_dir + "/" + name;
   const std::string tmp_dir = out_dir + "/." + name + ".tmp-" + std::to_string(::getpid());
-  remove_tree(tmp_dir);
+  io::remove_tree(tmp_dir);
   io::make_directories(tmp_dir);
-  models::save_hf_checkpoint(model, tmp_dir);
-  save_optimizer_state(tmp_dir + "/optimizer.safetensors", optimizer);
-  std::ostringstream json;
-  io::JsonWriter w(json);
-  w.begin_object()
-      .key("step").value(state.step)
-      .key("schedule_step").value(state.schedule_step)
-      .key("last_loss").value(state.last_loss)
-      .key("rng_cpu").value(state.rng_state_hex)
-      .end_object();
-  io::write_file_atomic(tmp_dir + "/trainer_state.json", json.str());
-  io::write_file_atomic(tmp_dir + "/recipe.yaml", recipe_yaml);
-  if (!tokenizer_path.empty()) io::write_file_atomic(tmp_dir + "/tokenizer.model", io::read_file(tokenizer_path));
-  io::sync_directory(tmp_dir);
-  remove_tree(final_dir);  // a same-step folder left by an earlier attempt
-  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) throw std::runtime_error("cannot move " + tmp_dir + " into place");
+  try {
+    models::save_hf_checkpoint(model, tmp_dir);
+    save_optimizer_state(tmp_dir + "/optimizer.safetensors", optimizer);
+    std::ostringstream json;
+    io::JsonWriter w(json);
+    w.begin_object()
+        .key("step").value(state.step)
+        .key("schedule_step").value(state.schedule_step)
+        .key("last_loss").value(state.last_loss)
+        .key("rng_cpu").value(state.rng_state_hex)
+        .end_object();
+    io::write_file_atomic(tmp_dir + "/trainer_state.json", json.str());
+    io::write_file_atomic(tmp_dir + "/recipe.yaml", recipe_yaml);
+    if (!tokenizer_path.empty()) io::write_file_atomic(tmp_dir + "/tokenizer.model", io::read_file(tokenizer_path));
+    io::sync_directory(tmp_dir);
+    io::remove_tree(final_dir);  // a same-step folder left by an earlier attempt
+    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) throw std::runtime_error("cannot move " + tmp_dir + " into place");
+  } catch (...) {
+    io::remove_tree(tmp_dir);  // a failed save (a full disk) leaves nothing behind
+    throw;
+  }
   io::sync_directory(out_dir);
   io::write_file_atomic(out_dir + "/latest", name + "\n");
   // Prune all but the newest `keep` checkpoints.
@@ -116,9 +110,41 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
   }
   std::sort(steps.begin(), steps.end());
   for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) {
-    if (steps[i] != name) remove_tree(out_dir + "/" + steps[i]);
+    if (steps[i] != name) io::remove_tree(out_dir + "/" + steps[i]);
   }
   return final_dir;
+}
+
+namespace {
+
+bool is_dead_pid_suffix(const std::string& digits) {
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  const pid_t pid = static_cast<pid_t>(std::stol(digits));
+  // Our own PID has written nothing yet: a folder under it is an earlier process's.
+  return pid > 0 && (pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH));
+}
+
+}  // namespace
+
+int remove_stale_checkpoint_temps(const std::string& out_dir) {
+  int removed = 0;
+  DIR* dir = ::opendir(out_dir.c_str());
+  if (!dir) return 0;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(dir)) {
+    // Only save_run_state's own names: ".step-NNNNNNNN.tmp-PID".
+    const std::string n = e->d_name;
+    if (n.size() > 19 && n.rfind(".step-", 0) == 0 && n.compare(14, 5, ".tmp-") == 0 &&
+        n.substr(6, 8).find_first_not_of("0123456789") == std::string::npos && is_dead_pid_suffix(n.substr(19))) {
+      stale.push_back(n);
+    }
+  }
+  ::closedir(dir);
+  for (const auto& n : stale) {
+    io::remove_tree(out_dir + "/" + n);
+    ++removed;
+  }
+  return removed;
 }
 
 std::string latest_checkpoint(const std::string& out_dir) {
@@ -135,25 +161,59 @@ std::string latest_checkpoint(const std::string& out_dir) {
   return dir;
 }
 
-RunState read_trainer_state(const std::string& checkpoint_dir) {
+RunState read_trainer_state(const std::string& checkpoint_dir, int64_t max_step) {
   const std::string path = checkpoint_dir + "/trainer_state.json";
-  RunState s;
+  io::JsonValue j;
   try {
-    const io::JsonValue j = io::parse_json(io::read_file(path));
-    s.step = j.at("step").as_int();
-    s.schedule_step = j.at("schedule_step").as_int();
-    s.last_loss = j.at("last_loss").is_null() ? 0.0 : j.at("last_loss").as_double();
-    s.rng_state_hex = j.at("rng_cpu").as_string();
+    j = io::parse_json(io::read_file(path));
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(path + ": " + e.what());
   }
+  if (!j.is_object()) throw std::invalid_argument(path + " is not a JSON object");
+  auto field = [&](const char* key) -> const io::JsonValue& {
+    const io::JsonValue* v = j.find(key);
+    if (!v) throw std::invalid_argument(path + " has no '" + key + "'");
+    return *v;
+  };
+  auto bad = [&](const char* key, const std::string& why) { return std::invalid_argument(path + ": '" + key + "' " + why); };
+  auto integer_in = [&](const char* key, int64_t lo, int64_t hi, const std::string& range) {
+    const io::JsonValue& v = field(key);
+    if (!v.is_integer()) throw bad(key, "must be an integer");
+    const int64_t x = v.as_int();
+    if (x < lo || x > hi) throw bad(key, "is " + std::to_string(x) + ", outside " + range);
+    return x;
+  };
+  RunState s;
+  s.step = integer_in("step", 0, max_step, "[0, train.steps = " + std::to_string(max_step) + "]");
+  // The folder's name is the step it was saved at: a mismatch means the file was edited or moved.
+  std::string folder = checkpoint_dir;
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  folder = folder.substr(folder.find_last_of('/') + 1);
+  if (folder.rfind("step-", 0) == 0 && folder != step_name(s.step)) {
+    throw bad("step", "is " + std::to_string(s.step) + " but the folder is " + folder);
+  }
+  s.schedule_step = integer_in("schedule_step", 0, s.step, "[0, step = " + std::to_string(s.step) + "]");
+  const io::JsonValue& loss = field("last_loss");
+  if (!loss.is_null() && !loss.is_number()) throw bad("last_loss", "must be a number");
+  s.last_loss = loss.is_null() ? 0.0 : loss.as_double();
+  const io::JsonValue& rng = field("rng_cpu");
+  if (!rng.is_string()) throw bad("rng_cpu", "must be a string");
+  s.rng_state_hex = rng.as_string();
+  if (static_cast<int64_t>(s.rng_state_hex.size()) != 2 * rng_state_bytes()) {
+    throw bad("rng_cpu", "has " + std::to_string(s.rng_state_hex.size()) + " hex digits; the CPU generator's state has " +
+                             std::to_string(2 * rng_state_bytes()));
+  }
+  if (s.rng_state_hex.find_first_not_of("0123456789abcdef") != std::string::npos) throw bad("rng_cpu", "is not lower-case hex");
   return s;
 }
 
-RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer) {
-  const RunState s = read_trainer_state(checkpoint_dir);
+RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer,
+                        int64_t max_step) {
+  // The cheap checks first; nothing is applied to the process (RNG) until everything has loaded.
+  const RunState s = read_trainer_state(checkpoint_dir, max_step);
+  const std::string opt_path = checkpoint_dir + "/optimizer.safetensors";
   models::load_hf_weights(model, checkpoint_dir);
-  load_optimizer_state(checkpoint_dir + "/optimizer.safetensors", optimizer);
+  load_optimizer_state(opt_path, optimizer, /*require_state=*/s.step > 0);
   return s;
 }
 
@@ -165,15 +225,21 @@ void save_optimizer_state(const std::string& path, const optim::Optimizer& optim
   io::write_safetensors(path, tensors);
 }
 
-void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer) {
+void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer, bool require_state) {
   try {
     io::SafetensorsReader file(path);
+    // After a step every parameter has state: an empty file would silently restart the optimizer.
+    if (require_state && file.tensors().empty()) throw std::invalid_argument(path + " holds no optimizer state");
     optim::StateDictSource source;
     for (const auto& t : file.tensors()) source.entries.emplace_back(t.name, t.shape);
     source.load = [&file](const std::string& name) { return file.load(name); };
     optimizer.load_state(source);  // checks the header, then reads one parameter's entries at a time
   } catch (const io::SafetensorsError& e) {
     throw std::invalid_argument(e.what());
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    if (what.rfind(path, 0) == 0) throw;
+    throw std::invalid_argument(path + ": " + what);
   }
 }
 

@@ -150,8 +150,13 @@ std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tok
   const bool was_training = model.is_training();
   model.eval();
   const auto device = model.parameters().front().device();
+  if (tok.vocab_size() > model.config().vocab_size) {
+    throw std::invalid_argument("tokenizer " + tok.path() + " has " + std::to_string(tok.vocab_size()) +
+                                " pieces, more than the model's vocab_size " + std::to_string(model.config().vocab_size));
+  }
   std::vector<int32_t> ids = tok.encode(prompt);
-  ids.insert(ids.begin(), tok.bos_id());
+  if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());  // a tokenizer may have no BOS piece
+  if (ids.empty()) throw std::invalid_argument("tokenizer " + tok.path() + " has no BOS piece, so the prompt must not be empty");
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const int64_t window = model.config().max_seq_len;
   std::vector<int32_t> out;
@@ -234,10 +239,29 @@ class Trainer {
       model_ = models::make_decoder(cfg_, at::TensorOptions().dtype(r_.dtype).device(r_.device));
       if (!r_.init_from.empty()) {
         const auto file_cfg = models::read_hf_config(r_.init_from + "/config.json");
-        if (file_cfg.param_count() != cfg_.param_count()) {
-          throw RecipeError("model.init_from " + r_.init_from + " holds a model of another shape than the recipe's");
+        // The first size that differs, by its recipe key: "another shape" alone does not say which.
+        const std::pair<const char*, std::pair<int64_t, int64_t>> sizes[] = {
+            {"vocab_size", {file_cfg.vocab_size, cfg_.vocab_size}}, {"dim", {file_cfg.dim, cfg_.dim}},
+            {"n_layers", {file_cfg.n_layers, cfg_.n_layers}},       {"n_heads", {file_cfg.n_heads, cfg_.n_heads}},
+            {"n_kv_heads", {file_cfg.n_kv_heads, cfg_.n_kv_heads}}, {"ffn_dim", {file_cfg.ffn_dim, cfg_.ffn_dim}},
+            {"tie_embeddings", {file_cfg.tie_embeddings, cfg_.tie_embeddings}}};
+        if (file_cfg.arch != cfg_.arch) {
+          throw RecipeError("model.init_from " + r_.init_from + " holds a " + file_cfg.arch + " model, the recipe's model.arch is " + cfg_.arch);
         }
-        models::load_hf_weights(*model_, r_.init_from);
+        for (const auto& [key, v] : sizes) {
+          if (v.first != v.second) {
+            throw RecipeError("model.init_from " + r_.init_from + " has " + key + " " + std::to_string(v.first) + " but the recipe's model." +
+                              key + " is " + std::to_string(v.second));
+          }
+        }
+        int64_t loaded = 0;
+        try {
+          loaded = models::load_hf_weights(*model_, r_.init_from);
+        } catch (const std::invalid_argument& e) {
+          throw RecipeError(std::string("model.init_from: ") + e.what());
+        }
+        log_("loaded " + std::to_string(loaded) + " tensors (" + std::to_string(cfg_.param_count()) + " parameters) from " +
+             r_.init_from);
       }
     }
     result_.n_params = cfg_.param_count();
@@ -276,13 +300,20 @@ class Trainer {
   // With options.resume: weights, optimizer state, schedule step and CPU RNG from the latest
   // checkpoint, so the run continues the uninterrupted trajectory bit for bit.
   void resume() {
+    remove_stale_checkpoint_temps(r_.out_dir);  // left by a run killed while writing a checkpoint
     if (options_.resume()) {
       const std::string latest = latest_checkpoint(r_.out_dir);
       if (!latest.empty()) {
-        const RunState s = load_run_state(latest, *model_, *optimizer_);
+        RunState s;
+        try {
+          s = load_run_state(latest, *model_, *optimizer_, r_.steps);
+        } catch (const std::invalid_argument& e) {
+          throw RecipeError(std::string("--resume: ") + e.what());  // a damaged checkpoint is refused, not trained on
+        }
         start_ = s.step;
         schedule_->set_last_step(s.schedule_step);
         rng_state_from_hex(s.rng_state_hex);
+        result_.checkpoint = latest;
         log_("resumed from " + latest + " at step " + std::to_string(start_));
       } else {
         log_("nothing to resume in " + r_.out_dir + ": starting from step 0");
@@ -290,6 +321,15 @@ class Trainer {
     }
     stop_ = options_.stop_after() >= 0 ? std::min(options_.stop_after(), r_.steps) : r_.steps;
     result_.first_step = start_;
+  }
+
+  // Resumed at or past where this run stops: there is nothing to train, evaluate or write.
+  bool nothing_to_do() const { return options_.resume() && start_ > 0 && start_ >= stop_; }
+  TrainResult nothing_done() {
+    result_.already_complete = true;
+    result_.last_step = start_;
+    result_.n_params = cfg_.param_count();
+    return std::move(result_);
   }
 
   // Opens the metrics file where the run (re)starts and starts the throughput clock.
@@ -489,6 +529,7 @@ TrainResult run_training(const Recipe& recipe, const TrainOptions& options, cons
   job.build_model();
   job.apply_memory_techniques();
   job.resume();
+  if (job.nothing_to_do()) return job.nothing_done();
   job.start_metrics();
   for (int64_t step = job.first_step(); step < job.stop_step(); ++step) {
     const double loss = job.train_step(step);

@@ -183,7 +183,106 @@ mkdir -p "$tmp/corpus" && printf 'one fortune\n%%\nanother fortune here\n%%\nand
 for i in $(seq 1 50); do printf 'line %d of some text about cats and dogs\n%%\n' "$i" >> "$tmp/corpus/f"; done
 expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t2" --vocab-size 300
 expect 0 "cats" -- tokenizer encode "$tmp/t2.model" "cats and dogs"
-expect 2 "cannot be loaded" -- tokenizer encode "$tmp/corpus/f" "x"
+expect 2 "is not a SentencePiece model" -- tokenizer encode "$tmp/corpus/f" "x"
+expect 2 "is a folder, not a SentencePiece model file" -- tokenizer encode "$tmp/corpus" "x"
+
+# ---- Checkpoints: damaged ones refused on --resume (exit 2, nothing changed), finished runs left alone ----
+damaged() {  # damaged NAME PYTHON-EDIT PATTERN: a copy of the finished run with one file edited
+  local d="$tmp/damaged-$1"
+  rm -rf "$d" && cp -r "$tmp/straight" "$d"
+  python3 - "$d/step-00000300" <<<"$2"
+  (cd "$d" && find . -type f | sort | xargs md5sum) >"$tmp/before.md5"
+  expect 2 "$3" -- train tiny "${common[@]}" train.out_dir="$d" --resume
+  if (cd "$d" && find . -type f | sort | xargs md5sum) | cmp -s - "$tmp/before.md5"; then
+    pass=$((pass + 1))
+  else
+    echo "FAIL: refusing $1 changed files on disk"; failed=$((failed + 1))
+  fi
+}
+st='import json, sys; p = sys.argv[1] + "/trainer_state.json"; d = json.load(open(p)); '
+put='; open(p, "w").write(json.dumps(d))'
+damaged negative-step "$st"'d["step"] = -4'"$put" "trainer_state.json: 'step' is -4, outside \[0, train.steps = 300\]"
+damaged absurd-step "$st"'d["step"] = 10**12'"$put" "'step' is 1000000000000"
+damaged renamed-step "$st"'d["step"] = 295'"$put" "'step' is 295 but the folder is step-00000300"
+damaged short-rng "$st"'d["rng_cpu"] = d["rng_cpu"][:100]'"$put" "'rng_cpu' has 100 hex digits"
+damaged bad-schedule "$st"'d["schedule_step"] = 301'"$put" "'schedule_step' is 301"
+damaged empty-optimizer 'import sys, struct; h = b"{}      "; open(sys.argv[1] + "/optimizer.safetensors", "wb").write(struct.pack("<Q", len(h)) + h)' \
+  "optimizer.safetensors holds no optimizer state"
+
+# A finished run resumed: says so, names the checkpoint, writes nothing (twice in a row).
+(cd "$tmp/straight" && find . -type f | sort | xargs md5sum) >"$tmp/before.md5"
+expect 0 "run already complete: .*straight/step-00000300 is at step 300" -- train tiny "${common[@]}" train.out_dir="$tmp/straight" --resume
+expect 0 "run already complete" -- train tiny "${common[@]}" train.out_dir="$tmp/straight" --resume
+if (cd "$tmp/straight" && find . -type f | sort | xargs md5sum) | cmp -s - "$tmp/before.md5" && ! grep -q "last loss" "$tmp/out"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL: resuming a finished run changed it"; cat "$tmp/out"; failed=$((failed + 1))
+fi
+
+# A kill while a checkpoint is being written: the next run removes the temporary folder (a dead
+# PID's), leaves a live process's alone, and continues the uninterrupted trajectory.
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/killed-save" >"$tmp/killed-save.log" 2>&1 &
+pid=$!
+caught=
+for _ in $(seq 1 20000); do
+  if compgen -G "$tmp/killed-save/.step-*.tmp-$pid" >/dev/null; then kill -9 "$pid" 2>/dev/null; caught=1; break; fi
+  kill -0 "$pid" 2>/dev/null || break
+done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+# Missed the moment (the write is quick): leave what such a kill leaves, a dead PID's half folder.
+[ -n "$caught" ] || { mkdir -p "$tmp/killed-save/.step-00000005.tmp-$pid" && echo x >"$tmp/killed-save/.step-00000005.tmp-$pid/model.safetensors"; }
+mkdir -p "$tmp/killed-save/.step-00000007.tmp-$$"  # this shell's: alive
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/killed-save" --resume >"$tmp/resumed-save.log" 2>&1 || { echo "FAIL: resume after a kill mid-save"; cat "$tmp/resumed-save.log"; failed=$((failed + 1)); }
+if ! compgen -G "$tmp/killed-save/.step-*.tmp-$pid" >/dev/null && [ -d "$tmp/killed-save/.step-00000007.tmp-$$" ] &&
+   cmp -s <(grep '"loss"' "$tmp/straight/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//') \
+          <(grep '"loss"' "$tmp/killed-save/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//'); then
+  pass=$((pass + 1))
+else
+  echo "FAIL: after a kill mid-save (caught: ${caught:-no}): $(ls -a "$tmp/killed-save" | tr '\n' ' ')"; failed=$((failed + 1))
+fi
+
+# Optimizer state in mapped files on a full disk: one sentence and exit 1, not SIGBUS.
+mkdir -p "$tmp/full"
+if mount -t tmpfs -o size=64k tmpfs "$tmp/full" 2>/dev/null; then
+  expect 1 "optimizer state: cannot reserve [0-9]* bytes in $tmp/full" -- train tiny "${common[@]}" train.steps=8 \
+    train.out_dir="$tmp/fulldisk" optimizer.state_placement=mmap optimizer.state_dir="$tmp/full"
+  umount "$tmp/full"
+else
+  echo "skipped: the full-disk check needs a tmpfs mount (root)"
+fi
+
+# A checkpoint whose config.json claims 10^8 layers: refused from the weights' headers at once.
+rm -rf "$tmp/huge" && cp -r "$tmp/straight/step-00000300" "$tmp/huge"
+sed -i 's/"num_hidden_layers": *[0-9]*/"num_hidden_layers": 100000000/' "$tmp/huge/config.json"
+expect 2 "config.json implies [0-9]* tensors (100000000 layers) but the weights hold" -- generate --checkpoint "$tmp/huge" --prompt x --tokens 1
+
+# frugal bench optim-state removes its temporary run folders on every way out (here: a bad recipe).
+ls -d /tmp/frugal-bench-state-* 2>/dev/null | sort >"$tmp/bench-before"
+"$frugal" bench optim-state --params 4096 --runs 2 --steps 1 --recipe "$tmp/nosuch.yaml" --json-out "$tmp/bench.json" >/dev/null 2>&1
+got=$?
+if [ "$got" = 2 ] && ls -d /tmp/frugal-bench-state-* 2>/dev/null | sort | cmp -s - "$tmp/bench-before"; then pass=$((pass + 1)); else
+  echo "FAIL: bench optim-state with a bad recipe exited $got and left $(ls -d /tmp/frugal-bench-state-* 2>/dev/null | tr "\n" " ")"; failed=$((failed + 1)); fi
+
+# A kill during tokenizer training: the helper dies with frugal; the next run removes the corpus copy.
+mkdir -p "$tmp/bigcorpus"
+python3 -c 'import random; r = random.Random(1); w = [("".join(r.choice("abcdefghij") for _ in range(r.randint(2, 9)))) for _ in range(5000)]; open("'"$tmp"'/bigcorpus/c", "w").write("\n".join(" ".join(r.choice(w) for _ in range(12)) for _ in range(60000)))'
+"$frugal" tokenizer train "$tmp/bigcorpus" --out "$tmp/tbig" --vocab-size 4000 >/dev/null 2>&1 &
+pid=$!
+helper=
+for _ in $(seq 1 400); do helper=$(pgrep -P "$pid" 2>/dev/null | head -n 1); [ -n "$helper" ] && break; sleep 0.05; done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+sleep 0.5
+# Dead: gone, or a zombie nobody has reaped yet (PID 1 of a container may not reap).
+if [ -n "$helper" ] && { [ ! -e "/proc/$helper" ] || grep -q '^State:.*Z' "/proc/$helper/status" 2>/dev/null; } && compgen -G "/tmp/frugal-tokenizer-corpus-$pid-*" >/dev/null; then
+  pass=$((pass + 1))
+else
+  echo "FAIL: the tokenizer helper (${helper:-never seen}) outlived its parent: $(grep State "/proc/$helper/status" 2>/dev/null)"; [ -n "$helper" ] && kill -9 "$helper" 2>/dev/null
+  failed=$((failed + 1))
+fi
+expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t3" --vocab-size 300
+if compgen -G "/tmp/frugal-tokenizer-*-$pid-*" >/dev/null; then echo "FAIL: a killed run's tokenizer files stayed"; failed=$((failed + 1)); else pass=$((pass + 1)); fi
 
 # A memory limit: the run stops cleanly, says what holds the memory and which techniques fit.
 "$frugal" train tiny "${common[@]}" train.steps=8 train.out_dir="$tmp/limited" --memory-limit 4MiB >"$tmp/out" 2>"$tmp/err"

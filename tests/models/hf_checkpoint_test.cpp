@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "frugal/io/safetensors.h"
@@ -78,7 +79,7 @@ TEST(HfCheckpoint, WeightsThatDoNotFitAreNamed) {
   } catch (const std::invalid_argument& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("Missing: model.layers.0."), std::string::npos) << msg;
-    EXPECT_NE(msg.find("model.embed_tokens.weight [50, 8] in the file vs [50, 16] in the model"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.embed_tokens.weight is [50, 8] in the file but [50, 16] in the model (dimension 1: 8 vs 16)"), std::string::npos) << msg;
   }
   EXPECT_THROW(models::load_hf_weights(*model, fresh_dir("empty")), std::invalid_argument);
   std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "hidden_size": 16})";
@@ -123,4 +124,50 @@ TEST(HfCheckpoint, LoadingAtRealWidthHoldsOneTensorBesidesTheModel) {
   models::load_hf_weights(*again, dir);
   const auto a = model->parameters(), b = again->parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i]));
+}
+
+TEST(HfCheckpoint, ShapesFromTheConfigAreTheModelsParameters) {
+  for (const std::string arch : {"llama", "gpt2"}) {
+    for (bool tie : {false, true}) {
+      models::DecoderConfig c = tiny(arch);
+      c.tie_embeddings = arch == "gpt2" ? true : tie;
+      const auto model = models::make_decoder(c);  // the reference: what the model really holds
+      std::vector<std::pair<std::string, std::vector<int64_t>>> real;
+      for (const auto& item : model->named_parameters()) real.emplace_back(item.key(), item.value().sizes().vec());
+      auto predicted = models::hf_parameter_shapes(c);
+      std::sort(real.begin(), real.end());
+      std::sort(predicted.begin(), predicted.end());
+      EXPECT_EQ(predicted, real) << arch << " tie " << tie;
+    }
+  }
+}
+
+TEST(HfCheckpoint, AConfigLargerThanItsWeightsIsRefusedBeforeAnyModelIsBuilt) {
+  auto model = models::make_decoder(tiny("llama"));
+  const std::string dir = fresh_dir("huge_config");
+  models::save_hf_checkpoint(*model, dir);
+  EXPECT_NO_THROW(models::load_hf_checkpoint(dir));
+  // 10^8 layers: building it would allocate without bound; the headers say no in microseconds.
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "vocab_size": 50, "hidden_size": 16, "intermediate_size": 40,
+      "num_hidden_layers": 100000000, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32})";
+  auto tracker = memory::Tracker::create(false);
+  try {
+    memory::TrackingGuard guard(tracker);
+    models::load_hf_checkpoint(dir);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json implies 900000003 tensors (100000000 layers) but the weights hold 21"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_LT(tracker->peak_bytes(), 1 << 20);
+  // A width the weights do not have: the tensor and the dimension are named.
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "vocab_size": 50, "hidden_size": 16, "intermediate_size": 4000000,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32})";
+  try {
+    models::load_hf_checkpoint(dir);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.weight is [40, 16] in the file but [4000000, 16] in the model (dimension 0: 40 vs 4000000)"),
+              std::string::npos) << e.what();
+  }
 }

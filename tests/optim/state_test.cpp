@@ -3,8 +3,10 @@
 // state loaded from a lazy source (checked first, then one parameter at a time), stochastic
 // rounding, and training quality close to fp32 state.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/memory/tracker.h"
@@ -545,4 +547,29 @@ TEST(OptimizerState, LoadStateChecksEverythingFirstThenLoadsOneParameterAtATime)
     EXPECT_NE(std::string(e.what()).find("c.weight.exp_avg.codes was listed as [32768] but loaded as [5]"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(o.state_dict().empty());
+}
+
+TEST(OptimizerState, MappedStateIsReservedWhenMadeAndAFullFolderIsNamed) {
+  // RLIMIT_FSIZE stands in for a full disk (no root needed): a reservation past it fails at once,
+  // where a sparse file would be made and the process killed by SIGBUS at its first write.
+  const at::Tensor param = at::zeros({64, 96});
+  const std::string dir = ::testing::TempDir();
+  const StateOptions o = StateOptions().precision(StatePrecision::fp32).placement(StatePlacement::mmap).mmap_dir(dir);
+  EXPECT_NO_THROW(StateBuffer(param, true, o));
+  rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* previous = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string what;
+  try {
+    StateBuffer b(param, true, o);
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, previous);
+  EXPECT_NE(what.find("cannot reserve 24576 bytes in " + dir), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
 }

@@ -3,11 +3,14 @@
 // restoring it needs the final state plus one parameter's saved entries, not the whole file.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 
+#include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
 #include "frugal/io/safetensors.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/optim/optimizer.h"
@@ -152,4 +155,134 @@ TEST(RunState, RestoringOptimizerStatePeaksAtTheStatePlusOneParametersEntries) {
               static_cast<double>(tracker->peak_bytes()) / static_cast<double>(state),
               static_cast<double>(whole_tracker->peak_bytes()) / static_cast<double>(state));
   ::unlink(path.c_str());
+}
+
+namespace {
+
+// A checkpoint folder out/step-00000004 holding only a trainer_state.json with `json`.
+std::string trainer_state_folder(const std::string& name, const std::string& json) {
+  const std::string dir = temp_path(name) + "/step-00000004";
+  io::make_directories(dir);
+  io::write_file_atomic(dir + "/trainer_state.json", json);
+  return dir;
+}
+
+std::string state_json(const std::string& step, const std::string& schedule, const std::string& rng) {
+  return "{\"step\": " + step + ", \"schedule_step\": " + schedule + ", \"last_loss\": 1.5, \"rng_cpu\": \"" + rng + "\"}";
+}
+
+// The error of read_trainer_state, or "" when it accepts the folder.
+std::string refusal(const std::string& dir, int64_t max_step) {
+  try {
+    train::read_trainer_state(dir, max_step);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(RunState, TrainerStateIsRefusedNamingTheFieldWhenAnythingIsOutOfRange) {
+  const std::string rng = train::rng_state_to_hex();
+  ASSERT_EQ(static_cast<int64_t>(rng.size()), 2 * train::rng_state_bytes());
+  const std::string good = trainer_state_folder("good", state_json("4", "4", rng));
+  EXPECT_EQ(refusal(good, 10), "");
+  EXPECT_EQ(train::read_trainer_state(good, 10).step, 4);
+  struct Case {
+    std::string json, field;
+  };
+  const Case cases[] = {
+      {state_json("-4", "0", rng), "'step' is -4"},
+      {state_json("4000000000000", "0", rng), "'step' is 4000000000000"},
+      {state_json("4.5", "0", rng), "'step' must be an integer"},
+      {state_json("3", "3", rng), "the folder is step-00000004"},
+      {state_json("4", "-1", rng), "'schedule_step' is -1"},
+      {state_json("4", "5", rng), "'schedule_step' is 5"},
+      {state_json("4", "4", rng.substr(0, 64)), "'rng_cpu' has 64 hex digits"},
+      {state_json("4", "4", rng + "00"), "'rng_cpu' has"},
+      {state_json("4", "4", ""), "'rng_cpu' has 0 hex digits"},
+      {state_json("4", "4", "zz" + rng.substr(2)), "'rng_cpu' is not lower-case hex"},
+      {"{\"step\": 4}", "has no 'schedule_step'"},
+      {"[]", "is not a JSON object"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    const std::string dir = trainer_state_folder("bad" + std::to_string(i++), c.json);
+    const std::string why = refusal(dir, 10);
+    EXPECT_NE(why.find(dir + "/trainer_state.json"), std::string::npos) << c.json << ": " << why;
+    EXPECT_NE(why.find(c.field), std::string::npos) << c.json << ": " << why;
+  }
+  // A step past the run's train.steps: the state of another run.
+  EXPECT_NE(refusal(good, 3).find("'step' is 4, outside [0, train.steps = 3]"), std::string::npos);
+}
+
+TEST(RunState, RngStateOfTheWrongSizeIsRefusedInOurWords) {
+  const std::string rng = train::rng_state_to_hex();
+  for (const std::string& bad : {rng.substr(0, 10), rng + "ab", std::string()}) {
+    try {
+      train::rng_state_from_hex(bad);
+      ADD_FAILURE() << "accepted " << bad.size() << " digits";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("the RNG state has " + std::to_string(bad.size()) + " hex digits"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(train::rng_state_from_hex(rng));
+  EXPECT_EQ(train::rng_state_to_hex(), rng);
+}
+
+TEST(RunState, AnOptimizerFileWithoutStateIsRefusedAfterStepZero) {
+  Regression model(3);
+  Optimizer opt(model.groups(), OptimizerOptions().algorithm(Algorithm::adamw));
+  const std::string path = temp_path("empty_opt.safetensors");
+  io::write_safetensors(path, {});
+  EXPECT_NO_THROW(train::load_optimizer_state(path, opt, /*require_state=*/false));  // step 0: fresh state is right
+  try {
+    train::load_optimizer_state(path, opt, /*require_state=*/true);
+    ADD_FAILURE() << "an empty optimizer file was accepted after step 0";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), path + " holds no optimizer state");
+  }
+  // A tensor with no elements where a state is expected: named by file and entry, no LibTorch text.
+  model.train(opt, 0, 1);
+  auto state = opt.state_dict();
+  state["w1.exp_avg"] = at::empty({0});
+  state["w2.step"] = at::empty({0}, at::kLong);
+  std::vector<std::pair<std::string, at::Tensor>> tensors(state.begin(), state.end());
+  io::write_safetensors(path, tensors);
+  Optimizer fresh(model.groups(), OptimizerOptions().algorithm(Algorithm::adamw));
+  try {
+    train::load_optimizer_state(path, fresh, true);
+    ADD_FAILURE() << "an empty exp_avg was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind(path + ": ", 0), 0u) << what;
+    EXPECT_NE(what.find("w1.exp_avg"), std::string::npos) << what;
+    EXPECT_NE(what.find("w2.step"), std::string::npos) << what;
+    EXPECT_EQ(what.find("Tensor with 0 elements"), std::string::npos) << what;
+  }
+}
+
+TEST(RunState, StaleTemporaryCheckpointFoldersOfDeadProcessesAreRemoved) {
+  const std::string out = temp_path("stale");
+  io::remove_tree(out);
+  // A PID that is surely dead: a child that has exited and been reaped.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const std::string dead = std::to_string(child), live = std::to_string(::getppid());
+  for (const std::string& n : std::vector<std::string>{".step-00000010.tmp-" + dead, ".step-00000020.tmp-" + live,
+                                                       ".step-00000030.tmp-x" + dead, "step-00000040", ".other.tmp-" + dead}) {
+    io::make_directories(out + "/" + n + "/inner");
+  }
+  io::write_file_atomic(out + "/.step-00000010.tmp-" + dead + "/inner/model.safetensors", "x");
+  EXPECT_EQ(train::remove_stale_checkpoint_temps(out), 1);
+  EXPECT_FALSE(io::path_exists(out + "/.step-00000010.tmp-" + dead));
+  for (const std::string& n :
+       std::vector<std::string>{".step-00000020.tmp-" + live, ".step-00000030.tmp-x" + dead, "step-00000040", ".other.tmp-" + dead}) {
+    EXPECT_TRUE(io::path_exists(out + "/" + n)) << n;  // a live writer's, or not ours
+  }
+  EXPECT_EQ(train::remove_stale_checkpoint_temps(out + "/missing"), 0);
+  io::remove_tree(out);
 }

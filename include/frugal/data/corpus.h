@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,12 +26,15 @@
 namespace frugal {
 namespace data {
 
-// Throws std::invalid_argument when the path does not exist or holds no text.
+// Throws std::invalid_argument when the path does not exist, a file or folder in it cannot be read,
+// or it holds no text. Each real folder is visited once (symlink loops end).
 std::vector<std::string> read_corpus(const std::string& path);
 
-// Tokenizes every document (each followed by EOS) and writes the token file atomically.
-// Returns the number of tokens.
-int64_t tokenize_corpus(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path);
+// Tokenizes every document (each followed by EOS) and writes the token file atomically. Long
+// documents are encoded in pieces of about piece_bytes, split at whitespace, so the encoder's
+// memory does not grow with a line's length. Returns the number of tokens.
+int64_t tokenize_corpus(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path,
+                        size_t piece_bytes = 1 << 16);
 
 // Format: "FRUGALTK", u32 version 1, u32 bytes per token (4), u64 vocabulary size, u64 count,
 // then count little-endian int32 tokens.

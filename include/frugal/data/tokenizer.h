@@ -45,10 +45,15 @@ struct TokenizerTrainOptions {
   TORCH_ARG(int64_t, max_sentences) = 2000000;
 };
 
-// Trains on the documents and writes <model_prefix>.model and .vocab. Throws std::runtime_error
-// with SentencePiece's message on failure.
+// Trains on the documents and writes <model_prefix>.model and .vocab, in the frugal-spm-train
+// helper (which dies with this process). Throws std::invalid_argument with SentencePiece's reason
+// (without its log lines) when it refuses the input, std::runtime_error when the helper fails. The
+// temporary corpus and log files in /tmp carry our PID and are removed on every way out.
 void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
                      const TokenizerTrainOptions& options = {});
+
+// Removes temporary files of train_tokenizer left in `dir` by processes that are dead (killed).
+void remove_stale_tokenizer_files(const std::string& dir = "/tmp");
 
 }  // namespace data
 }  // namespace frugal

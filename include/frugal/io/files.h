@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace frugal {
 namespace io {
@@ -15,6 +16,21 @@ bool is_regular_file(const std::string& path);
 bool path_exists(const std::string& path);
 // Creates the folder and its missing parents; throws std::runtime_error when it cannot.
 void make_directories(const std::string& dir);
+// Removes a file or a folder and everything under it (symlinks themselves, never what they point
+// at); what is already gone is no error.
+void remove_tree(const std::string& path);
+// Removes `path` when destroyed (every way out of a scope, exceptions included).
+class TempPath {
+ public:
+  explicit TempPath(std::string path) : path_(std::move(path)) {}
+  ~TempPath() { remove_tree(path_); }
+  TempPath(const TempPath&) = delete;
+  TempPath& operator=(const TempPath&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 // The folder part of a path ("" for a bare name).
 std::string parent_path(const std::string& path);
 

@@ -11,7 +11,10 @@
 //   frugal::models::save_hf_checkpoint(*model, "out-dir", /*max_shard_bytes=*/2LL << 30);
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "frugal/models/decoder.h"
 
@@ -25,7 +28,16 @@ std::string hf_config_json(const DecoderConfig& config, const std::string& torch
 // Copies the weights in the folder into the model (converting dtype). Throws std::invalid_argument
 // listing missing tensors and shape mismatches; tensors the model has no use for (rotary
 // inv_freq buffers, a tied lm_head) are skipped.
-void load_hf_weights(DecoderImpl& model, const std::string& dir);
+// Returns the number of tensors loaded.
+int64_t load_hf_weights(DecoderImpl& model, const std::string& dir);
+
+// The parameters a config implies, by name (as DecoderImpl::named_parameters) with their shapes.
+std::vector<std::pair<std::string, std::vector<int64_t>>> hf_parameter_shapes(const DecoderConfig& config);
+// Checks the folder's weight headers hold every parameter the config implies, with its shape,
+// reading no data: a config's sizes are claims, checked before a model of that size is built.
+void check_hf_weights(const DecoderConfig& config, const std::string& dir);
+// read_hf_config, check_hf_weights, make_decoder and load_hf_weights in one.
+Decoder load_hf_checkpoint(const std::string& dir, const at::TensorOptions& options = {});
 
 // Writes config.json and the weights, sharded when they exceed max_shard_bytes (0: one file).
 // Every file is written atomically.

@@ -32,23 +32,35 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
                            const optim::Optimizer& optimizer, const std::string& recipe_yaml,
                            const std::string& tokenizer_path, int64_t keep);
 
+// Removes out_dir's checkpoint folders still under their temporary name (".step-N.tmp-PID") whose
+// writer is dead, as a kill mid-save leaves them; a live process's are left alone. Returns how many.
+int remove_stale_checkpoint_temps(const std::string& out_dir);
+
 // The folder `latest` points at, or "" when there is none. Throws std::invalid_argument when it
 // points at a folder that is missing.
 std::string latest_checkpoint(const std::string& out_dir);
 
-// Loads the model weights and optimizer state from a checkpoint folder and returns its state.
-RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer);
-RunState read_trainer_state(const std::string& checkpoint_dir);
+// Loads the model weights and optimizer state from a checkpoint folder and returns its state. The
+// checkpoint is validated whole (trainer_state.json's fields against max_step, the folder's name and
+// the generator; an optimizer state for every parameter once step > 0) or refused with
+// std::invalid_argument naming the file and the field.
+RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer,
+                        int64_t max_step);
+// trainer_state.json alone, with the checks above.
+RunState read_trainer_state(const std::string& checkpoint_dir, int64_t max_step = INT64_MAX);
 
 // The optimizer's state as one safetensors file (keyed as Optimizer::state_dict), written from the
 // live state tensor by tensor, and read back one parameter at a time (Optimizer::load_state): at
 // most one parameter's saved state is in memory beside the optimizer's. Loading throws
 // std::invalid_argument for a malformed file or state that does not fit the optimizer.
 void save_optimizer_state(const std::string& path, const optim::Optimizer& optimizer);
-void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer);
+// require_state: refuse a file with no state at all (a checkpoint after step 0).
+void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer, bool require_state = false);
 
 std::string rng_state_to_hex();
+// Throws std::invalid_argument unless hex is exactly the CPU generator's state (rng_state_bytes()).
 void rng_state_from_hex(const std::string& hex);
+int64_t rng_state_bytes();
 
 }  // namespace train
 }  // namespace frugal

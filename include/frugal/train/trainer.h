@@ -87,7 +87,8 @@ struct TrainResult {
   MemoryEstimate estimate;         // this recipe
   MemoryEstimate estimate_plain;   // the same job with the techniques off
   std::string sample;              // generated text
-  std::string checkpoint;          // the last checkpoint written
+  std::string checkpoint;          // the last checkpoint written (or resumed from)
+  bool already_complete = false;   // resumed at or past the stop step: nothing was run or written
   std::shared_ptr<memory::Tracker> tracker;  // the run's allocation tracker
   // The kernel's count right after the last step (model and state still alive), and the tracker's
   // live bytes at that moment: what the tracker does not see is the difference.
