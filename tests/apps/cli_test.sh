@@ -133,7 +133,7 @@ for cols in 80 44 20; do
   COLUMNS=$cols "$frugal" train tiny "${bar_run[@]}" train.out_dir="$tmp/bar$cols" >/dev/null 2>"$tmp/bar.err"
   if python3 - "$tmp/bar.err" "$cols" <<'PY'
 import re, sys
-text, cols = open(sys.argv[1]).read(), int(sys.argv[2])
+text, cols = open(sys.argv[1], newline="").read(), int(sys.argv[2])  # keep the \r
 bars = re.findall(r"\r([^\r\n]*)", text)
 assert bars, "no bar drawn"
 assert all(len(b) <= cols - 1 for b in bars), max(bars, key=len)
