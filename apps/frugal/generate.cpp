@@ -44,7 +44,14 @@ int run_generate(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  std::cout << train::generate_text(*model, tok, prompt, tokens, temperature, top_k, static_cast<uint64_t>(seed)) << "\n";
+  const train::Generation g = train::generate(*model, tok, prompt, tokens, temperature, top_k, static_cast<uint64_t>(seed));
+  std::cout << g.text << "\n";
+  // On stderr, so the text on stdout stays clean for pipes; an early stop is never silent.
+  std::string why = train::generation_stop_name(g.stop);
+  if (g.stop == train::GenerationStop::context_full) {
+    why += " (max_seq_len " + std::to_string(model->config().max_seq_len) + " tokens, prompt included)";
+  }
+  std::cerr << "frugal generate: " << g.tokens.size() << " of " << tokens << " tokens; stopped: " << why << "\n";
   return 0;
 }
 

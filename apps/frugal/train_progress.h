@@ -32,10 +32,19 @@ class TrainProgress {
   std::string prefix_;
   bool bar_;
   bool mid_line_ = false;  // the bar is drawn and its line not ended
+  size_t drawn_ = 0;       // characters of the bar now on the line, to blank a longer one
 };
 
 // "4m05s", or "1h07m" from an hour on.
 std::string format_duration(double seconds);
+
+// The bar for one step in at most columns - 1 characters (the last column would wrap on some
+// terminals): fields are dropped, least important first (tok/s, peak, memory, lr, the bar itself,
+// ETA), until it fits; step and loss always stay.
+std::string format_bar(const train::StepProgress& p, int columns);
+
+// The width of the terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80.
+int terminal_columns(int fd);
 
 }  // namespace cli
 }  // namespace frugal

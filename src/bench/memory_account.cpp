@@ -8,6 +8,7 @@
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/io/json.h"
+#include "frugal/io/units.h"
 #include "frugal/memory/trace.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/models/transformer_block.h"
@@ -172,6 +173,8 @@ AccountResult run_memory_account(const AccountConfig& config,
     }
 
     // (a) parameters, gradients and AdamW state: formula, real tensors, tracker
+    // Each experiment is labelled in the trace, so the report names every hump of the chart.
+    tracker->label("set-up");
     result.n_params_formula = models::block_param_count(L, d);
     for (const auto& p : stack.params) {
       result.n_params += p.numel();
@@ -208,6 +211,7 @@ AccountResult run_memory_account(const AccountConfig& config,
     clear_grads(stack.params);
 
     // The plain run: reference gradients and activation peak.
+    tracker->label("none");
     const StepMeasure plain = measure_step(*tracker, stack, x, [&](const at::Tensor& in) {
       return checkpoint::run_chain(stack.chain, in, checkpoint::CheckpointPolicy::none());
     });
@@ -216,6 +220,7 @@ AccountResult run_memory_account(const AccountConfig& config,
     // (f) budget plans: measure each block once, plan, run the plan, measure it.
     if (!config.budget_bytes.empty() || !config.budget_fractions.empty()) {
       say("measuring each block for the planner");
+      tracker->label("planner: measuring each block");
       const auto costs = checkpoint::measure_chain(stack.chain, x);
       result.planner_predicted_none = checkpoint::no_checkpoint_plan(costs).predicted_bytes;
       std::vector<int64_t> budgets = config.budget_bytes;
@@ -236,6 +241,7 @@ AccountResult run_memory_account(const AccountConfig& config,
         br.plan = *plan;
         say("running the plan for a budget of " + std::to_string(budget) + " bytes: " + plan->describe());
         Runner runner = [&stack, p = *plan](const at::Tensor& in) { return checkpoint::run_plan(stack.chain, in, p); };
+        tracker->label("budget " + io::human_bytes(budget));
         const StepMeasure m = measure_step(*tracker, stack, x, runner);
         br.measured_bytes = m.activation_peak;
         br.max_grad_diff = max_abs_diff(m.grads, plain.grads);
@@ -249,6 +255,7 @@ AccountResult run_memory_account(const AccountConfig& config,
       say("measuring " + name);
       const auto policy = checkpoint::CheckpointPolicy::parse(name);
       Runner runner = [&stack, policy](const at::Tensor& in) { return checkpoint::run_chain(stack.chain, in, policy); };
+      if (name != "none") tracker->label(name);
       const StepMeasure m = name == "none" ? plain : measure_step(*tracker, stack, x, runner);
       VariantResult v;
       v.name = name;

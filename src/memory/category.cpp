@@ -22,6 +22,8 @@ const char* phase_name(Phase p) {
     case Phase::forward: return "forward";
     case Phase::backward: return "backward";
     case Phase::optimizer: return "optimizer";
+    case Phase::evaluation: return "evaluation";
+    case Phase::sampling: return "sampling";
   }
   return "idle";
 }
@@ -38,7 +40,9 @@ Category default_category(Phase p) {
     case Phase::forward: return Category::activation;
     case Phase::backward: return Category::other;
     case Phase::optimizer: return Category::optimizer_state;
-    case Phase::idle: return Category::other;
+    case Phase::idle:
+    case Phase::evaluation:
+    case Phase::sampling: return Category::other;
   }
   return Category::other;
 }

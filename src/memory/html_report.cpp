@@ -141,6 +141,7 @@ TraceView view_trace(const Trace& trace, size_t buckets) {
   v.devices = alloc_devices(events);
   v.note = capture_note(trace);
   v.steps = trace.steps;
+  v.labels = trace.labels;
   v.steps_from_events = v.steps.empty();
   if (v.steps_from_events) v.steps = step_peaks(full);
   v.steps_peak = peak_over_steps(v.steps);
@@ -202,6 +203,8 @@ void write_view(io::JsonWriter& w, const std::string& name, const TraceView& v) 
     write_breakdown(w, s.breakdown);
     w.end_array();
   }
+  w.end_array().key("labels").begin_array();
+  for (const Tracker::Label& l : v.labels) w.begin_array().value(l.time_us - v.start_us).value(l.text).end_array();
   w.end_array().key("steps_from_events").value(v.steps_from_events).end_object();
 }
 
@@ -265,6 +268,7 @@ th, td { text-align: right; padding: 2px 6px; border-bottom: 1px solid var(--gri
 th { position: sticky; top: 0; background: #fff; font-weight: 600; white-space: normal; vertical-align: bottom; }
 th:first-child, td:first-child { text-align: left; }
 tr.max td { background: #fff3d6; font-weight: 600; }
+th .unit { display: block; font-weight: normal; color: var(--muted); }
 </style>
 </head>
 <body>
@@ -293,7 +297,9 @@ const char* kScript = R"HTML(</script>
     temporary: '#edc948', input: '#b07aa1', other: '#9d9d9d'
   };
   // Light tints of each phase's default category (forward makes activations, backward gradients).
-  var PHASE_COLORS = { forward: '#b5dbae', backward: '#fbd3a9', optimizer: '#f3b3b4' };
+  var PHASE_COLORS = { forward: '#b5dbae', backward: '#fbd3a9', optimizer: '#f3b3b4', evaluation: '#cdc4ea',
+                       sampling: '#a8dce3' };
+  var LABELLED_PHASES = { evaluation: true, sampling: true };  // named on the chart: they are not steps
   var MARGIN = { left: 70, right: 14, top: 50, bottom: 40 };
 
   function humanBytes(b) {  // as io::human_bytes
@@ -306,6 +312,11 @@ const char* kScript = R"HTML(</script>
   function formatMs(us) {
     var ms = us / 1000;
     return ms.toFixed(ms < 10 ? 3 : ms < 1000 ? 1 : 0) + ' ms';
+  }
+  function columnUnit(maxBytes) {  // the largest binary unit the column's biggest value reaches
+    var units = [['B', 1], ['KiB', 1024], ['MiB', 1048576], ['GiB', 1073741824]], unit = units[0];
+    units.forEach(function (u) { if (maxBytes >= u[1]) unit = u; });
+    return unit;
   }
   function trimNumber(x) { return String(+x.toFixed(3)); }
   function stepName(s) { return s < 0 ? 'none' : String(s); }
@@ -392,6 +403,7 @@ const char* kScript = R"HTML(</script>
       drawPhases(g);
       drawAreas(g);
       drawSteps(g);
+      drawPhaseLabels(g);
       drawXAxis(g);
       drawPeak(g);
       drawHover(g);
@@ -475,6 +487,39 @@ const char* kScript = R"HTML(</script>
           lastLabel = x;
         }
       });
+    }
+
+    // Evaluation and sampling spikes sit between steps, and a trace's labels (frugal account's
+    // experiments) name stretches of it: write each name inside the plot at its start, on one of
+    // two rows, skipping one that would overlap both. The names drawn go to data-labels.
+    function drawPhaseLabels(g) {
+      var ctx = g.ctx, rowEnd = [-1e9, -1e9], drawn = [], runs = [];
+      tr.phases.forEach(function (p) {
+        if (!LABELLED_PHASES[p[0]]) return;
+        var last = runs[runs.length - 1];
+        if (last && last[0] === p[0] && p[1] - last[2] <= 0) { last[2] = p[2]; } else { runs.push(p.slice()); }
+      });
+      tr.labels.forEach(function (l) { runs.push([l[1], l[0], l[0]]); });
+      runs.sort(function (a, b) { return a[1] - b[1]; });
+      ctx.font = '600 11px "DejaVu Sans", sans-serif';
+      ctx.textAlign = 'left';
+      ctx.textBaseline = 'top';
+      runs.forEach(function (r) {
+        var x = g.x(r[1]), w = ctx.measureText(r[0]).width, lx = Math.min(x + 3, g.left + g.pw - w);
+        ctx.strokeStyle = PHASE_COLORS[r[0]] || '#8a8fa0';
+        ctx.beginPath(); ctx.moveTo(Math.round(x) + 0.5, g.top); ctx.lineTo(Math.round(x) + 0.5, g.top + g.ph); ctx.stroke();
+        var row = lx > rowEnd[0] + 6 ? 0 : lx > rowEnd[1] + 6 ? 1 : -1;
+        if (row < 0) return;
+        var y = g.top + 3 + 15 * row;
+        ctx.fillStyle = 'rgba(255, 255, 255, 0.85)';
+        ctx.fillRect(lx - 2, y, w + 4, 14);
+        ctx.fillStyle = '#3f3a6b';
+        ctx.fillText(r[0], lx, y + 1);
+        rowEnd[row] = lx + w;
+        drawn.push(r[0]);
+      });
+      ctx.font = '11px "DejaVu Sans", sans-serif';
+      canvas.dataset.labels = drawn.join(',');
     }
 
     function drawXAxis(g) {
@@ -618,19 +663,31 @@ const char* kScript = R"HTML(</script>
     var maxRow = -1;
     steps.forEach(function (s, r) { if (maxRow < 0 || s[1] > steps[maxRow][1]) maxRow = r; });
     var wholeTrace = steps.length === 1 && steps[0][0] < 0;
+    // One unit per column, named in its header: bare numbers keep nine columns inside half of a
+    // 1400 px page (two traces side by side), where "123.45 KiB" in every cell did not fit.
+    var units = [['peak', function (s) { return s[1]; }]].concat(cols.map(function (c) {
+      return [CATS[c], function (s) { return s[2][c]; }];
+    })).map(function (col) {
+      var max = 0;  // a loop: Math.max.apply overflows the stack on 200k steps
+      steps.forEach(function (s) { max = Math.max(max, col[1](s)); });
+      return { name: col[0], value: col[1], unit: columnUnit(max) };
+    });
     var rows = steps.map(function (s) {
-      return [wholeTrace ? 'whole trace' : stepName(s[0]), humanBytes(s[1])].concat(
-          cols.map(function (c) { return humanBytes(s[2][c]); }));
+      return [wholeTrace ? 'whole trace' : stepName(s[0])].concat(units.map(function (u) {
+        var v = u.value(s) / u.unit[1];
+        return u.unit[1] === 1 ? String(v) : v.toFixed(2);
+      }));
     });
     var scroll = el('div', 'scroll');
-    var t = table(['step', 'peak'].concat(cols.map(function (c) { return CATS[c]; })), rows, maxRow);
-    Array.prototype.forEach.call(t.querySelectorAll('th'), function (th) {  // optimizer_<wbr>state: narrower columns
+    var t = table(['step'].concat(units.map(function (u) { return u.name; })), rows, maxRow);
+    Array.prototype.forEach.call(t.querySelectorAll('th'), function (th, k) {  // optimizer_<wbr>state: narrower columns
       var parts = th.textContent.split('_');
       th.textContent = '';
       parts.forEach(function (part, i) {
         if (i) { th.appendChild(document.createTextNode('_')); th.appendChild(el('wbr')); }
         th.appendChild(document.createTextNode(part));
       });
+      if (k) th.appendChild(el('span', 'unit', units[k - 1].unit[0]));
     });
     scroll.appendChild(t);
     div.appendChild(scroll);

@@ -11,7 +11,7 @@ namespace memory {
 namespace {
 
 constexpr const char* kFormat = "frugal-trace";
-constexpr int64_t kVersion = 2;
+constexpr int64_t kVersion = 3;  // 3: the evaluation and sampling phases
 
 // ---- reading ----
 
@@ -23,7 +23,7 @@ Action parse_action(const std::string& s) {
 }
 
 Phase parse_phase(const std::string& s) {
-  for (Phase p : {Phase::idle, Phase::forward, Phase::backward, Phase::optimizer}) {
+  for (Phase p : {Phase::idle, Phase::forward, Phase::backward, Phase::optimizer, Phase::evaluation, Phase::sampling}) {
     if (s == phase_name(p)) return p;
   }
   throw std::invalid_argument("trace: unknown phase '" + s + "'");
@@ -53,6 +53,9 @@ MemoryEvent parse_event(const io::JsonValue& e) {
   const io::JsonValue* addr = e.find("addr");
   ev.addr = addr ? static_cast<uint64_t>(addr->as_int()) : 0;
   if (ev.bytes < 0) throw std::invalid_argument("trace: negative size");
+  // Times are since the tracker started; with none negative, every difference the replay and the
+  // page take (end - start) fits in 63 bits.
+  if (ev.time_us < 0) throw std::invalid_argument("trace: negative time_us " + std::to_string(ev.time_us));
   return ev;
 }
 
@@ -62,6 +65,7 @@ Tracker::StepSummary parse_step(const io::JsonValue& s) {
   out.peak_bytes = s.at("peak_bytes").as_int();
   if (out.peak_bytes < 0) throw std::invalid_argument("trace: negative peak_bytes in step " + std::to_string(out.step));
   if (const io::JsonValue* t = s.find("time_us")) out.time_us = t->as_int();
+  if (out.time_us < 0) throw std::invalid_argument("trace: negative time_us in step " + std::to_string(out.step));
   if (const io::JsonValue* p = s.find("phase")) out.phase = parse_phase(p->as_string());
   int64_t sum = 0;
   for (const auto& [name, bytes] : s.at("breakdown").members()) {
@@ -94,7 +98,13 @@ void write_trace(std::ostream& out, const Trace& trace) {
     for (Category c : kAllCategories) w.key(category_name(c)).value(s.breakdown[static_cast<int>(c)]);
     w.end_object().end_object();
   }
-  w.end_array().key("events").begin_array();
+  w.end_array();
+  if (!trace.labels.empty()) {
+    w.key("labels").begin_array();
+    for (const Tracker::Label& l : trace.labels) w.begin_object().key("time_us").value(l.time_us).key("text").value(l.text).end_object();
+    w.end_array();
+  }
+  w.key("events").begin_array();
   for (const MemoryEvent& e : trace.events) {
     out << '\n';
     w.begin_object()
@@ -115,10 +125,23 @@ void write_trace(std::ostream& out, const Trace& trace) {
 Trace read_trace(const std::string& text) {
   Trace out;
   int64_t allocated = 0;  // every alloc's bytes: bounds any live total the replay can reach
+  CategoryBytes live{};   // per category, as the replay will see it: never below zero
   try {
     const io::JsonValue root = io::parse_json_streaming(text, "events", [&](const io::JsonValue& e) {
       out.events.push_back(parse_event(e));
-      if (out.events.back().action == Action::alloc) allocated = add_or_throw(allocated, out.events.back().bytes, "the allocations");
+      const MemoryEvent& ev = out.events.back();
+      int64_t& now = live[static_cast<int>(ev.category)];
+      if (ev.action == Action::alloc) {
+        allocated = add_or_throw(allocated, ev.bytes, "the allocations");
+        now += ev.bytes;  // <= allocated, so it cannot overflow
+      } else if (ev.action == Action::free) {
+        if (ev.bytes > now) {
+          throw std::invalid_argument("trace: event " + std::to_string(out.events.size() - 1) + " frees " +
+                                      std::to_string(ev.bytes) + " " + category_name(ev.category) + " bytes but only " +
+                                      std::to_string(now) + " are live");
+        }
+        now -= ev.bytes;
+      }
     });
     if (!root.is_object()) throw std::invalid_argument("trace: not a JSON object");
     if (const io::JsonValue* format = root.find("format")) {
@@ -133,6 +156,12 @@ Trace read_trace(const std::string& text) {
     // Older traces and hand-written ones have no step summaries; the events still make a timeline.
     if (const io::JsonValue* steps = root.find("steps")) {
       for (const io::JsonValue& s : steps->items()) out.steps.push_back(parse_step(s));
+    }
+    if (const io::JsonValue* labels = root.find("labels")) {
+      for (const io::JsonValue& l : labels->items()) {
+        out.labels.push_back({l.at("time_us").as_int(), l.at("text").as_string()});
+        if (out.labels.back().time_us < 0) throw std::invalid_argument("trace: negative time_us in label '" + out.labels.back().text + "'");
+      }
     }
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(std::string("trace: ") + e.what());

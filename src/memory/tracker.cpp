@@ -336,10 +336,22 @@ std::vector<c10::Device> Tracker::devices() const {
   return out;
 }
 
+void Tracker::label(const std::string& text) {
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  labels_.push_back({t, text});
+}
+
+std::vector<Tracker::Label> Tracker::labels() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return labels_;
+}
+
 Trace Tracker::trace() const {
   Trace t;
   t.events = events();
   t.steps = step_summaries();
+  t.labels = labels();
   return t;
 }
 

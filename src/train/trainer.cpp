@@ -144,8 +144,17 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
   return p;
 }
 
-std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tok, const std::string& prompt,
-                          int64_t n_tokens, double temperature, int64_t top_k, uint64_t seed) {
+const char* generation_stop_name(GenerationStop s) {
+  switch (s) {
+    case GenerationStop::end_of_sequence: return "end-of-sequence token";
+    case GenerationStop::token_limit: return "token limit reached";
+    case GenerationStop::context_full: return "context full";
+  }
+  return "?";
+}
+
+Generation generate(models::DecoderImpl& model, const data::Tokenizer& tok, const std::string& prompt, int64_t n_tokens,
+                    double temperature, int64_t top_k, uint64_t seed) {
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -157,13 +166,17 @@ std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tok
   std::vector<int32_t> ids = tok.encode(prompt);
   if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());  // a tokenizer may have no BOS piece
   if (ids.empty()) throw std::invalid_argument("tokenizer " + tok.path() + " has no BOS piece, so the prompt must not be empty");
+  const size_t n_prompt = ids.size();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const int64_t window = model.config().max_seq_len;
-  std::vector<int32_t> out;
+  const size_t window = static_cast<size_t>(model.config().max_seq_len);
+  Generation g;
+  g.stop = GenerationStop::token_limit;
   for (int64_t i = 0; i < n_tokens; ++i) {
-    const size_t start = ids.size() > static_cast<size_t>(window) ? ids.size() - static_cast<size_t>(window) : 0;
-    const std::vector<int64_t> context(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
-    const at::Tensor x = at::tensor(context, at::kLong).unsqueeze(0).to(device);  // (1, T)
+    if (ids.size() >= window) {
+      g.stop = GenerationStop::context_full;
+      break;
+    }
+    const at::Tensor x = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0).to(device);  // (1, T)
     at::Tensor logits = model.logits(x).select(1, -1).squeeze(0).to(at::kFloat).to(at::kCPU);  // (V)
     int32_t next;
     if (temperature <= 0) {
@@ -176,12 +189,27 @@ std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tok
       }
       next = static_cast<int32_t>(at::multinomial(at::softmax(logits, 0), 1, false, gen).item<int64_t>());
     }
-    if (next == tok.eos_id()) break;
+    if (next == tok.eos_id()) {
+      g.stop = GenerationStop::end_of_sequence;
+      break;
+    }
     ids.push_back(next);
-    out.push_back(next);
+    g.tokens.push_back(next);
   }
   if (was_training) model.train();
-  return prompt + tok.decode(out);
+  // Decoded alone, the continuation loses the word boundary SentencePiece marks on its first piece
+  // ("isto:"); decoded with the prompt it gets it, and the prompt's own decoding is cut off so the
+  // user's prompt is shown exactly as given.
+  const std::vector<int32_t> prompt_ids(ids.begin() + 1, ids.begin() + static_cast<std::ptrdiff_t>(n_prompt));
+  const std::string prompt_text = tok.decode(prompt_ids);
+  const std::string all = tok.decode(std::vector<int32_t>(ids.begin() + 1, ids.end()));
+  g.text = all.compare(0, prompt_text.size(), prompt_text) == 0 ? prompt + all.substr(prompt_text.size()) : all;
+  return g;
+}
+
+std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tok, const std::string& prompt,
+                          int64_t n_tokens, double temperature, int64_t top_k, uint64_t seed) {
+  return generate(model, tok, prompt, n_tokens, temperature, top_k, seed).text;
 }
 
 namespace {
@@ -439,6 +467,8 @@ class Trainer {
   // Every train.checkpoint_interval steps, and at the stop.
   void checkpoint_if_due(int64_t done, double loss) {
     if (!((r_.checkpoint_interval > 0 && done % r_.checkpoint_interval == 0) || done == stop_)) return;
+    // After the last step the run is still busy for a while: say with what (also below).
+    if (done == stop_) log_("step " + std::to_string(done) + " done: saving the checkpoint");
     RunState s;
     s.step = done;
     s.schedule_step = schedule_->last_step();
@@ -455,10 +485,13 @@ class Trainer {
     result_.peak = peak_memory_after_training();
     result_.process_after_steps = memory::process_memory();
     result_.tracked_after_steps = tracker_->live_bytes();
+    log_("final evaluation on " + std::to_string(r_.eval_batches) + " validation batches");
     result_.val_loss = evaluate();
     metrics_->validation(result_.last_step, result_.val_loss);
     metrics_.reset();
     if (options_.sample() && r_.sample_tokens > 0) {
+      log_("sampling " + std::to_string(r_.sample_tokens) + " tokens after \"" + r_.sample_prompt + "\"");
+      memory::PhaseScope phase(memory::Phase::sampling);
       result_.sample = generate_text(*model_, *tokenizer_, r_.sample_prompt, r_.sample_tokens, 0.8, 40, static_cast<uint64_t>(r_.seed));
     }
     return std::move(result_);
@@ -491,6 +524,7 @@ class Trainer {
   // The mean loss over train.eval_batches validation batches.
   double evaluate() {
     at::NoGradGuard no_grad;
+    memory::PhaseScope phase(memory::Phase::evaluation);
     double total = 0;
     for (int64_t i = 0; i < r_.eval_batches; ++i) {
       memory::CategoryScope scope(memory::Category::input);

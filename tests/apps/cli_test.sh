@@ -178,6 +178,31 @@ else
 fi
 
 expect 0 "A fool" -- generate --checkpoint "$tmp/straight" --prompt "A fool" --tokens 5
+
+# The bar fits the terminal (COLUMNS when stderr is no terminal), drops fields rather than wrap,
+# shows the learning rate, and says what the run does after its last step.
+bar_run=(data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=6
+         schedule.warmup_steps=1 train.checkpoint_interval=0 train.sample_tokens=4 --progress bar)
+for cols in 80 44 20; do
+  COLUMNS=$cols "$frugal" train tiny "${bar_run[@]}" train.out_dir="$tmp/bar$cols" >/dev/null 2>"$tmp/bar.err"
+  if python3 - "$tmp/bar.err" "$cols" <<'PY'
+import re, sys
+text, cols = open(sys.argv[1], newline="").read(), int(sys.argv[2])  # keep the \r
+bars = re.findall(r"\r([^\r\n]*)", text)
+assert bars, "no bar drawn"
+assert all(len(b) <= cols - 1 for b in bars), max(bars, key=len)
+assert all(re.search(r"step \d+/6  loss \d", b) for b in bars), bars
+if cols >= 80: assert all(" lr " in b and "ETA" in b and b.startswith("[") for b in bars), bars
+assert "step 6/6" in bars[-1]
+after = text[text.rindex("step 6/6"):]
+for said in ("step 6 done: saving the checkpoint", "final evaluation on", 'sampling 4 tokens after "A fool"'):
+    assert said in after, said
+PY
+  then pass=$((pass + 1)); else echo "FAIL: progress bar at $cols columns"; cat -A "$tmp/bar.err" | head -20; failed=$((failed + 1)); fi
+done
+expect 0 "stopped: \(token limit reached\|end-of-sequence token\)" -- generate --checkpoint "$tmp/straight" --prompt "A fool" --tokens 5
+long_prompt=$(printf 'the cat sat on the mat %.0s' $(seq 40))
+expect 0 "0 of 5 tokens; stopped: context full (max_seq_len 64" -- generate --checkpoint "$tmp/straight" --prompt "$long_prompt" --tokens 5
 expect 2 "--checkpoint /nonexistent is not a folder" -- generate --checkpoint /nonexistent --prompt x
 mkdir -p "$tmp/corpus" && printf 'one fortune\n%%\nanother fortune here\n%%\nand a third\n' > "$tmp/corpus/f"
 for i in $(seq 1 50); do printf 'line %d of some text about cats and dogs\n%%\n' "$i" >> "$tmp/corpus/f"; done

@@ -51,6 +51,22 @@ rendered=$(grep -o 'data-rendered="[0-9]*"' "$tmp/dom.html" | head -n 1)
 check "both charts drawn (got '${rendered:-no data-rendered}')" test "$rendered" = 'data-rendered="2"'
 errors=$(python3 -c 'import re,sys; m = re.search(r"<div id=\"errors\"[^>]*>(.*?)</div>", open(sys.argv[1]).read(), re.S); print(m.group(1) if m else "no errors element")' "$tmp/dom.html")
 check "no script errors on the page (got '$errors')" test -z "$errors"
+# Each hump of frugal account's chart is named after its experiment, in the order they ran.
+labels=$(python3 -c 'import html,re,sys; print(";".join(html.unescape(m) for m in re.findall(r"<canvas[^>]*data-labels=\"([^\"]*)\"", open(sys.argv[1]).read())))' "$tmp/dom.html")
+check "the account's experiments are labelled on the charts (got '$labels')" python3 -c '
+import sys
+a, b = sys.argv[1].split(";")
+sys.exit(0 if a == "set-up,none,full,every_2,selective" and "budget 40.0 KiB" in b.split(",") else 1)' "$labels"
+# A training run's final evaluation and sample are named on its chart too.
+"$frugal" train tiny data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=4 \
+  schedule.warmup_steps=1 train.eval_interval=2 train.eval_batches=1 train.sample_tokens=4 train.checkpoint_interval=0 \
+  train.out_dir="$tmp/run" --progress lines --trace-out "$tmp/train.json" >"$tmp/train.log" 2>&1
+check "frugal train --trace-out train.json" test $? = 0
+"$frugal" report "$tmp/train.json" -o "$tmp/train.html" >>"$tmp/train.log" 2>&1
+timeout 120 "${browser[@]}" --window-size=1400,1000 --dump-dom "file://$tmp/train.html" >"$tmp/train_dom.html" 2>/dev/null
+train_labels=$(grep -o 'data-labels="[^"]*"' "$tmp/train_dom.html" | head -n 1)
+check "evaluation and sampling are labelled on a training run's chart (got '${train_labels:-none}')" \
+  test "$train_labels" = 'data-labels="evaluation,evaluation,sampling"'
 # The page writes nothing to the console, so any console line is an error or a warning.
 if grep -E "CONSOLE|Uncaught" "$tmp/browser.log"; then check "no console output" false; else pass=$((pass + 1)); fi
 
@@ -119,6 +135,7 @@ cat >"$tmp/hover.html" <<'HTML'
 <html><body>
 <iframe id="report" src="r.html" style="width: 1400px; height: 1000px"></iframe>
 <pre id="result">not run</pre>
+<pre id="widths">not run</pre>
 <script>
 document.getElementById('report').addEventListener('load', function () {
   var out = document.getElementById('result');
@@ -127,6 +144,21 @@ document.getElementById('report').addEventListener('load', function () {
     canvas.dispatchEvent(new MouseEvent('mousemove', { clientX: r.left + r.width * 0.6, clientY: r.top + r.height / 2 }));
     var tip = page.querySelector('.tip');
     out.textContent = 'display=' + tip.style.display + ' text=' + tip.textContent;
+    // At 1400 px, with both traces side by side, every table fits inside its panel: nothing cut
+    // off or needing a sideways scroll.
+    var widths = [];
+    Array.prototype.forEach.call(page.querySelectorAll('section.trace'), function (section, i) {
+      var box = section.getBoundingClientRect();
+      Array.prototype.forEach.call(section.querySelectorAll('table'), function (t, j) {
+        var r = t.getBoundingClientRect(), scroller = t.parentNode;
+        var cut = r.right > box.right - 1 || scroller.scrollWidth > scroller.clientWidth + 1;
+        widths.push('trace ' + i + ' table ' + j + (cut ? ' CUT ' : ' fits ') + Math.round(r.width) + '/' +
+                    Math.round(box.width) + ' px');
+      });
+    });
+    var sections = page.querySelectorAll('section.trace'), first = sections[0].getBoundingClientRect();
+    var side = sections.length === 2 && Math.abs(sections[1].getBoundingClientRect().top - first.top) < 1;
+    document.getElementById('widths').textContent = (side ? 'side by side; ' : 'stacked; ') + widths.join('; ');
   } catch (e) {
     out.textContent = 'error: ' + e;
   }
@@ -135,6 +167,10 @@ document.getElementById('report').addEventListener('load', function () {
 </body></html>
 HTML
 timeout 120 "${browser[@]}" --allow-file-access-from-files --dump-dom "file://$tmp/hover.html" >"$tmp/hover_dom.html" 2>/dev/null
+# Table widths on the widest tables: a training run (all seven categories) beside an account.
+"$frugal" report "$tmp/train.json" "$tmp/b.json" -o "$tmp/cmp.html" >>"$tmp/train.log" 2>&1
+sed 's/src="r.html"/src="cmp.html"/' "$tmp/hover.html" >"$tmp/widths.html"
+timeout 120 "${browser[@]}" --allow-file-access-from-files --dump-dom "file://$tmp/widths.html" >"$tmp/widths_dom.html" 2>/dev/null
 hover=$(python3 -c 'import html,re,sys; m = re.search(r"<pre id=\"result\">(.*?)</pre>", open(sys.argv[1]).read(), re.S); print(html.unescape(m.group(1)) if m else "no result")' "$tmp/hover_dom.html")
 # the readout: time, step and phase, the total and each category's bytes at that moment
 check "hovering a chart shows its values (got '$hover')" python3 -c '
@@ -143,6 +179,12 @@ text = sys.argv[1]
 ok = text.startswith("display=block") and re.search(r"[0-9.]+ ms . step (none|[0-9]+) . \w+", text) \
      and re.search(r"total[0-9.]+ (B|KiB|MiB)", text) and re.search(r"parameter[0-9.]+ (B|KiB|MiB)", text)
 sys.exit(0 if ok else 1)' "$hover"
+
+widths=$(python3 -c 'import html,re,sys; m = re.search(r"<pre id=\"widths\">(.*?)</pre>", open(sys.argv[1]).read(), re.S); print(html.unescape(m.group(1)) if m else "no result")' "$tmp/widths_dom.html")
+check "at 1400 px both traces sit side by side and every table fits its panel (got '$widths')" python3 -c '
+import sys
+text = sys.argv[1]
+sys.exit(0 if text.startswith("side by side; ") and text.count(" fits ") == 4 and " CUT " not in text else 1)' "$widths"
 
 if [ "$failed" != 0 ]; then
   echo "--- chromium's log"; grep -v -E "dbus|bluez|vaapi|sandbox_linux|idle_linux|property.cc" "$tmp/browser.log" | tail -n 20

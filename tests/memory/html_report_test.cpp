@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <ctime>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "frugal/memory/html_report.h"
 #include "frugal/memory/trace.h"
@@ -223,4 +226,163 @@ TEST(HtmlReport, ManyEventsGiveASmallPage) {
   }
   const std::string page = memory::html_report({{"big.json", t}});
   EXPECT_LT(page.size(), 200u * 1024) << "the page grows with the events";
+}
+
+namespace {
+
+std::string event_json(int64_t time_us, const char* action, const std::string& bytes, const char* category) {
+  return std::string(R"({"time_us": )") + std::to_string(time_us) + R"(, "action": ")" + action + R"(", "bytes": )" + bytes +
+         R"(, "category": ")" + category + R"(", "phase": "idle", "device": "cpu", "step": 0, "addr": 1})";
+}
+
+std::string events_json(const std::vector<std::string>& events) {
+  std::string out = R"({"events": [)";
+  for (size_t i = 0; i < events.size(); ++i) out += (i ? ", " : "") + events[i];
+  return out + "]}";
+}
+
+}  // namespace
+
+// Every way a hostile trace could make the replay or the page draw negative or wrapped-around
+// values is refused by the reader, with the culprit named.
+TEST(HtmlReport, TracesThatWouldDrawNegativeMemoryAreRefused) {
+  const std::string half = "4611686018427387904";  // 2^62: two of them reach 2^63
+  auto refused = [](const std::string& text, const std::string& says) {
+    try {
+      memory::read_trace(text);
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "accepted: " << text;
+  };
+  // Allocations whose sum passes 2^63, in one category or spread over several.
+  refused(events_json({event_json(0, "alloc", half, "other"), event_json(1, "alloc", half, "other")}), "2^63");
+  refused(events_json({event_json(0, "alloc", half, "parameter"), event_json(1, "alloc", half, "activation")}), "2^63");
+  // A free of more than its category holds, whether nothing, less, or only other categories are live.
+  refused(events_json({event_json(0, "free", "1", "other")}), "frees 1 other bytes but only 0 are live");
+  refused(events_json({event_json(0, "alloc", "10", "activation"), event_json(1, "free", "11", "activation")}),
+          "event 1 frees 11 activation bytes but only 10 are live");
+  refused(events_json({event_json(0, "alloc", half, "parameter"), event_json(1, "free", half, "gradient")}), "gradient");
+  refused(events_json({event_json(0, "alloc", "-5", "other")}), "negative size");
+  // Times far apart would overflow end - start.
+  refused(events_json({event_json(-9223372036854775807, "alloc", "1", "other"), event_json(9223372036854775807, "free", "1", "other")}),
+          "negative time_us");
+  refused(R"({"steps": [{"step": 0, "peak_bytes": 1, "time_us": -1, "breakdown": {"other": 1}}], "events": []})", "negative time_us");
+  refused(R"({"steps": [{"step": 0, "peak_bytes": 1, "breakdown": {"other": )" + half + R"(, "input": )" + half + "}}], \"events\": []}",
+          "2^63");
+  // What stays legal: allocations up to 2^63 - 1 in all, freed back to zero.
+  const memory::Trace ok = memory::read_trace(events_json({event_json(0, "alloc", half, "other"), event_json(1, "alloc", "4611686018427387903", "input"),
+                                                           event_json(2, "free", half, "other")}));
+  const auto samples = memory::replay_live_bytes(ok.events);
+  for (const memory::LiveSample& s : samples) EXPECT_GE(s.total(), 0);
+  EXPECT_EQ(memory::peak_sample(samples).total(), INT64_MAX);
+}
+
+namespace {
+
+// A trace of n training steps as write_trace writes them: a summary per step, phase markers and
+// an alloc/free pair per phase, and a parameter live throughout.
+std::string trace_of_steps(int n) {
+  memory::Trace t;
+  memory::MemoryEvent param;
+  param.action = memory::Action::alloc;
+  param.bytes = 4096;
+  param.category = Category::parameter;
+  param.step = -1;
+  t.events.push_back(param);
+  int64_t now = 1;
+  for (int s = 0; s < n; ++s) {
+    for (Phase p : {Phase::forward, Phase::backward, Phase::optimizer}) {
+      for (memory::Action a : {memory::Action::phase_begin, memory::Action::alloc, memory::Action::free, memory::Action::phase_end}) {
+        memory::MemoryEvent e;
+        e.time_us = now++;
+        e.action = a;
+        e.phase = p;
+        e.step = s;
+        e.bytes = a == memory::Action::alloc || a == memory::Action::free ? 100 + s % 7 : 0;
+        e.category = memory::default_category(p);
+        e.addr = static_cast<uint64_t>(s) + 10;
+        t.events.push_back(e);
+      }
+    }
+    memory::Tracker::StepSummary sum;
+    sum.step = s;
+    sum.peak_bytes = 4096 + 100 + s % 7;
+    sum.time_us = now;
+    sum.breakdown[static_cast<int>(Category::parameter)] = 4096;
+    sum.breakdown[static_cast<int>(Category::activation)] = 100 + s % 7;
+    t.steps.push_back(sum);
+  }
+  std::ostringstream out;
+  memory::write_trace(out, t);
+  return out.str();
+}
+
+double cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds per step to read a trace of n steps and make its page (best of two: a busy
+// machine slows one run, not both).
+double report_seconds_per_step(int n) {
+  const std::string text = trace_of_steps(n);
+  double best = 1e9;
+  for (int i = 0; i < 2; ++i) {
+    const double t0 = cpu_seconds();
+    const std::string page = memory::html_report({{"t.json", memory::read_trace(text)}});
+    best = std::min(best, cpu_seconds() - t0);
+    EXPECT_GT(page.size(), 0u);
+  }
+  return best / n;
+}
+
+}  // namespace
+
+// The report's cost per step stays flat as the trace grows (a quadratic part would make it 8x
+// from 5k to 40k steps); measured as a ratio within this one run, so machine speed cancels.
+TEST(HtmlReport, TimePerStepIsFlatAsTheTraceGrows) {
+  report_seconds_per_step(2000);  // warm the allocator
+  const double small = report_seconds_per_step(5000), large = report_seconds_per_step(40000);
+  EXPECT_LT(large / small, 2.0) << small * 1e6 << " us per step at 5k steps, " << large * 1e6 << " at 40k";
+}
+
+// Labels (frugal account's experiments) and the evaluation and sampling phases survive the file
+// and reach the page, which names them on the chart.
+TEST(HtmlReport, LabelsAndEvaluationPhasesReachThePage) {
+  auto tracker = memory::Tracker::create();
+  tracker->label("none");
+  tracker->label("every_2");
+  memory::Trace t = tracker->trace();
+  ASSERT_EQ(t.labels.size(), 2u);
+  EXPECT_EQ(t.labels[1].text, "every_2");
+  EXPECT_LE(t.labels[0].time_us, t.labels[1].time_us);
+  for (Phase p : {Phase::evaluation, Phase::sampling}) {
+    for (memory::Action a : {memory::Action::phase_begin, memory::Action::phase_end}) {
+      memory::MemoryEvent e;
+      e.action = a;
+      e.phase = p;
+      e.time_us = static_cast<int64_t>(t.events.size()) + 5;
+      t.events.push_back(e);
+    }
+  }
+  std::ostringstream out;
+  memory::write_trace(out, t);
+  const memory::Trace back = memory::read_trace(out.str());
+  ASSERT_EQ(back.labels.size(), 2u);
+  EXPECT_EQ(back.labels[0].text, "none");
+  EXPECT_EQ(back.labels[1].time_us, t.labels[1].time_us);
+  ASSERT_EQ(back.events.size(), 4u);
+  EXPECT_EQ(back.events[2].phase, Phase::sampling);
+  const memory::TraceView v = memory::view_trace(back);
+  ASSERT_EQ(v.phases.size(), 2u);
+  EXPECT_EQ(v.phases[0].phase, Phase::evaluation);
+  const std::string page = memory::html_report({{"a.json", back}});
+  EXPECT_NE(page.find(R"("labels":[[)"), std::string::npos);
+  EXPECT_NE(page.find(R"(,"every_2"])"), std::string::npos);
+  EXPECT_NE(page.find(R"(["evaluation",)"), std::string::npos);
+  EXPECT_THROW(memory::read_trace(R"({"labels": [{"time_us": -1, "text": "x"}], "events": []})"), std::invalid_argument);
+  EXPECT_THROW(memory::read_trace(R"({"labels": [{"time_us": 1}], "events": []})"), std::invalid_argument);
 }

@@ -212,6 +212,31 @@ TEST(Trainer, CheckpointsHoldAWorkingModelAndTokenizer) {
   const auto tok = data::Tokenizer::load(dir + "/tokenizer.model");
   const std::string text = train::generate_text(*model, tok, "Hello", 5, 0.0, 0, 0);
   EXPECT_EQ(text.rfind("Hello", 0), 0u);
+  // Prompt and continuation are decoded as one sequence (SentencePiece's word boundaries), and
+  // each way of stopping says which it was.
+  std::vector<int32_t> all = tok.encode("Hello");
+  const size_t n_prompt = all.size() + 1;  // with BOS
+  const train::Generation few = train::generate(*model, tok, "Hello", 5, 0.0, 0, 0);
+  all.insert(all.end(), few.tokens.begin(), few.tokens.end());
+  EXPECT_EQ(few.text, tok.decode(all));
+  if (few.stop != train::GenerationStop::end_of_sequence) {
+    EXPECT_EQ(few.stop, train::GenerationStop::token_limit);
+    EXPECT_EQ(few.tokens.size(), 5u);
+  }
+  const train::Generation many = train::generate(*model, tok, "Hello", 1000, 1.0, 0, 3);
+  if (many.stop == train::GenerationStop::context_full) {
+    EXPECT_EQ(many.tokens.size() + n_prompt, static_cast<size_t>(model->config().max_seq_len));
+  } else {
+    EXPECT_EQ(many.stop, train::GenerationStop::end_of_sequence);
+    EXPECT_LT(many.tokens.size() + n_prompt, static_cast<size_t>(model->config().max_seq_len));
+  }
+  const train::Generation full = train::generate(*model, tok, [] {
+    std::string s;
+    for (int i = 0; i < 40; ++i) s += "the cat sat on the mat ";
+    return s;
+  }(), 5, 0.0, 0, 0);
+  EXPECT_EQ(full.stop, train::GenerationStop::context_full);
+  EXPECT_TRUE(full.tokens.empty());
   EXPECT_THROW(train::run_training(tiny("bad", {"model.vocab_size=999"}), train::TrainOptions(), quiet), train::RecipeError);
 }
 

@@ -49,8 +49,10 @@ constexpr std::array<Category, kNumCategories> kAllCategories = {
     Category::parameter, Category::gradient, Category::optimizer_state, Category::activation,
     Category::temporary, Category::input,    Category::other};
 
-enum class Phase : uint8_t { idle, forward, backward, optimizer };
-constexpr int kNumPhases = 4;
+// evaluation and sampling: a training run's validation passes and its text sample, marked so the
+// report can name the spikes they make between steps.
+enum class Phase : uint8_t { idle, forward, backward, optimizer, evaluation, sampling };
+constexpr int kNumPhases = 6;
 
 const char* category_name(Category c);
 const char* phase_name(Phase p);

@@ -50,6 +50,7 @@ struct TraceView {
   std::vector<Tracker::StepSummary> steps;
   bool steps_from_events = false;    // no summaries in the trace
   std::string note;                   // what the chart leaves out (bounded capture), or empty
+  std::vector<Tracker::Label> labels; // the trace's names for what ran from when (Tracker::label)
 };
 
 constexpr size_t kReportBuckets = 1000;

@@ -24,17 +24,20 @@ namespace memory {
 struct Trace {
   std::vector<MemoryEvent> events;
   std::vector<Tracker::StepSummary> steps;  // empty when the trace has none (or no "steps" key)
+  std::vector<Tracker::Label> labels;       // Tracker::label's names, in time order
 };
 
-// {"format": "frugal-trace", "version": 2, "categories": [...],
+// {"format": "frugal-trace", "version": 3, "categories": [...],
 //  "steps": [{step, peak_bytes, time_us, phase, breakdown: {category: bytes}}...],
+//  "labels": [{time_us, text}...] (only when there are labels),
 //  "events": [{time_us, action, bytes, category, phase, device, step, addr}...]}, one record a line.
 void write_trace(std::ostream& out, const Trace& trace);
 
 // Parses write_trace's output (version 1 traces, without "format", time_us and phase in steps,
 // too). Events are parsed one at a time, so a long trace is never held whole as a JSON tree.
 // Throws std::invalid_argument naming the problem; sizes that are negative or whose sums pass
-// 2^63 are refused.
+// 2^63, negative times, and frees of more bytes than their category has live (which the replay
+// would draw as negative memory) are refused.
 Trace read_trace(const std::string& text);
 
 // Live bytes just after one alloc or free event.

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -133,6 +134,15 @@ class Tracker {
   void mark(Action action, Phase phase);
   void mark_step(int64_t step);
 
+  // Names what runs from now on (an experiment of frugal account, say); the trace keeps the name
+  // and its time, and the report writes it on the chart.
+  void label(const std::string& text);
+  struct Label {
+    int64_t time_us = 0;
+    std::string text;
+  };
+  std::vector<Label> labels() const;
+
  private:
   explicit Tracker(bool keep_events);
   int64_t now_us() const;
@@ -159,6 +169,7 @@ class Tracker {
   mutable std::mutex mutex_;
   std::chrono::steady_clock::time_point t0_;
   std::vector<MemoryEvent> events_;
+  std::vector<Label> labels_;
   std::unordered_map<void*, Allocation> live_;
   std::unordered_set<int64_t> open_scopes_;  // scopes whose transients become temporary
   std::vector<DeviceCounter> device_live_;

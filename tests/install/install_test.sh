@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `cmake --install` into a temporary prefix, then an outside project (this folder) finds it with
+# find_package(frugal), builds against frugal::frugal and runs: a tiny model's checkpointed loss
+# and gradients, and a tokenizer through the installed SentencePiece helpers.
+set -u
+build="$1"
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; [ -f "$tmp/log" ] && tail -30 "$tmp/log"; echo "0 passed, 1 failed"; exit 1; }
+
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/log" 2>&1 || fail "cmake --install"
+for f in include/frugal/models/decoder.h lib/libfrugal.a lib/frugal/libfrugal_spm.so lib/frugal/frugal-spm-train \
+         lib/cmake/frugal/frugalConfig.cmake lib/cmake/frugal/frugalConfigVersion.cmake; do
+  [ -e "$tmp/prefix/$f" ] || fail "the install lacks $f"
+done
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >"$tmp/log" 2>&1 ||
+  fail "configuring a project with find_package(frugal)"
+cmake --build "$tmp/consumer" -j2 >"$tmp/log" 2>&1 || fail "building against frugal::frugal"
+mkdir -p "$tmp/run"
+# Helpers from the install only: neither the build folder's nor the environment's.
+env -u FRUGAL_SPM_SHIM -u FRUGAL_SPM_TRAIN "$tmp/consumer/consumer" "$tmp/run" >"$tmp/out" 2>"$tmp/log" || fail "running the program"
+python3 - "$tmp/out" <<'PY' || fail "the program's numbers: $(cat "$tmp/out")"
+import math, re, sys
+m = re.fullmatch(r"loss (\S+) grad_diff (\S+) roundtrip '(.*)'\n", open(sys.argv[1]).read())
+assert m, "unexpected output"
+loss, diff = float(m.group(1)), float(m.group(2))
+assert abs(loss - math.log(64)) < 0.5, loss   # an untrained model is near uniform over 64 tokens
+assert diff < 1e-6, diff                      # checkpointing leaves the gradients unchanged
+assert m.group(3) == "lazy fox", m.group(3)
+PY
+echo "1 passed, 0 failed"
