@@ -40,10 +40,7 @@ namespace frugal {
 namespace cli {
 
 void warn_if_slow_blas() {
-  // Best of a few short probes: a busy machine slows one probe, not all of them.
-  double best = 0;
-  for (int i = 0; i < 5 && best < bench::kSlowBlasGflops; ++i) best = std::max(best, bench::measure_matmul_gflops(256, 0.01));
-  const std::string warning = bench::slow_blas_warning(best);
+  const std::string warning = bench::slow_blas_warning(bench::loaded_blas_library());
   if (!warning.empty()) std::cerr << "frugal: " << warning << "\n";
 }
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
 namespace frugal {
 namespace bench {
@@ -34,14 +35,31 @@ double measure_matmul_gflops(int64_t n, double min_seconds) { return matmul_gflo
 double measure_bf16_matmul_gflops(int64_t n, double min_seconds) { return matmul_gflops(n, min_seconds, at::kBFloat16); }
 
 
-std::string slow_blas_warning(double gflops) {
-  if (gflops >= kSlowBlasGflops) return "";
-  char buf[256];
-  std::snprintf(buf, sizeof(buf),
-                "warning: matrix products run at %.1f GFLOP/s (reference-BLAS speed); install "
-                "libopenblas0-pthread (apt-get install libopenblas0-pthread) for ~30x faster training",
-                gflops);
-  return buf;
+std::string loaded_blas_library() {
+  // The Fortran BLAS symbols LibTorch calls come from libblas.so.3 (Debian's alternatives: the
+  // reference library, or a link to OpenBLAS or BLIS); a reference copy mapped anywhere wins.
+  std::ifstream maps("/proc/self/maps");
+  std::string line, optimised;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    if (path.find("/blas/libblas.so") != std::string::npos) return path;
+    if (optimised.empty() && (name.rfind("libblas.so", 0) == 0 || name.rfind("libopenblas", 0) == 0 ||
+                              name.rfind("libblis", 0) == 0 || name.rfind("libmkl_rt", 0) == 0)) {
+      optimised = path;
+    }
+  }
+  return optimised;
+}
+
+std::string slow_blas_warning(const std::string& blas_library) {
+  // Debian's alternatives put the reference library at .../blas/libblas.so.3 and the optimised
+  // ones in their own folders (openblas-pthread/, blis-openmp/, atlas/...).
+  if (blas_library.find("/blas/libblas.so") == std::string::npos) return "";
+  return "warning: matrix products use the reference BLAS (" + blas_library +
+         ", ~30x slower); install libopenblas0-pthread (apt-get install libopenblas0-pthread) for faster training";
 }
 
 }  // namespace bench

@@ -167,6 +167,7 @@ Generation generate(models::DecoderImpl& model, const data::Tokenizer& tok, cons
   if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());  // a tokenizer may have no BOS piece
   if (ids.empty()) throw std::invalid_argument("tokenizer " + tok.path() + " has no BOS piece, so the prompt must not be empty");
   const size_t n_prompt = ids.size();
+  const std::ptrdiff_t first = tok.bos_id() >= 0 ? 1 : 0;  // the text starts after the BOS piece, if any
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const size_t window = static_cast<size_t>(model.config().max_seq_len);
   Generation g;
@@ -200,9 +201,9 @@ Generation generate(models::DecoderImpl& model, const data::Tokenizer& tok, cons
   // Decoded alone, the continuation loses the word boundary SentencePiece marks on its first piece
   // ("isto:"); decoded with the prompt it gets it, and the prompt's own decoding is cut off so the
   // user's prompt is shown exactly as given.
-  const std::vector<int32_t> prompt_ids(ids.begin() + 1, ids.begin() + static_cast<std::ptrdiff_t>(n_prompt));
+  const std::vector<int32_t> prompt_ids(ids.begin() + first, ids.begin() + static_cast<std::ptrdiff_t>(n_prompt));
   const std::string prompt_text = tok.decode(prompt_ids);
-  const std::string all = tok.decode(std::vector<int32_t>(ids.begin() + 1, ids.end()));
+  const std::string all = tok.decode(std::vector<int32_t>(ids.begin() + first, ids.end()));
   g.text = all.compare(0, prompt_text.size(), prompt_text) == 0 ? prompt + all.substr(prompt_text.size()) : all;
   return g;
 }

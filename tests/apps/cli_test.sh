@@ -130,6 +130,21 @@ else
   echo "FAIL: dry-run JSON"; failed=$((failed + 1))
 fi
 
+# The slow-BLAS warning follows the library loaded, not a timing (which a busy machine skews).
+if "$frugal" account --layers 1 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing 2>&1 | grep -q "reference BLAS"; then
+  echo "FAIL: slow-BLAS warning with an optimised BLAS"; failed=$((failed + 1))
+else
+  pass=$((pass + 1))
+fi
+if [ -e /usr/lib/x86_64-linux-gnu/blas/libblas.so.3 ]; then
+  if LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/blas "$frugal" account --layers 1 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing 2>&1 |
+     grep -q "use the reference BLAS (/usr/lib/x86_64-linux-gnu/blas/libblas.so"; then
+    pass=$((pass + 1))
+  else
+    echo "FAIL: no slow-BLAS warning with the reference BLAS loaded"; failed=$((failed + 1))
+  fi
+fi
+
 # Kill a run with SIGKILL mid-training, resume it, and compare with an uninterrupted run.
 common=(data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=300
         train.checkpoint_interval=5 train.eval_interval=0 train.sample_tokens=0 --progress lines)

@@ -1,8 +1,13 @@
 // The chunked loss's memory claim on a small case: its peak is a fraction of the plain one's, and
-// the gradients agree.
+// the gradients agree. And the slow-BLAS warning's rule.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include "frugal/bench/hardware.h"
 #include "frugal/bench/loss_benchmark.h"
+
+namespace bench = frugal::bench;
 
 TEST(ChunkedLossBenchmark, PeakIsAFractionOfThePlainOne) {
   frugal::bench::ChunkedLossConfig cfg;
@@ -18,4 +23,16 @@ TEST(ChunkedLossBenchmark, PeakIsAFractionOfThePlainOne) {
   EXPECT_LT(r.peak_bytes_chunked, 0.25 * static_cast<double>(r.peak_bytes_plain));
   EXPECT_LE(r.max_rel_grad_diff, 1e-5);
   EXPECT_NEAR(r.loss_chunked, r.loss_plain, 1e-5 * r.loss_plain);
+}
+
+TEST(Hardware, SlowBlasWarningNamesTheReferenceLibraryOnly) {
+  // Decided from the library loaded, not from a timing a busy machine skews.
+  EXPECT_NE(bench::slow_blas_warning("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0").find("reference BLAS"), std::string::npos);
+  EXPECT_EQ(bench::slow_blas_warning("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"), "");
+  EXPECT_EQ(bench::slow_blas_warning(""), "");
+  // This process links LibTorch, which loads some BLAS from Debian's alternatives: a real file.
+  const std::string loaded = bench::loaded_blas_library();
+  if (!loaded.empty()) {
+    EXPECT_EQ(::access(loaded.c_str(), R_OK), 0) << loaded;
+  }
 }
