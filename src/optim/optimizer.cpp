@@ -9,6 +9,7 @@
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "frugal/checkpoint/checkpoint.h"
 #include "frugal/memory/tracker.h"
@@ -61,7 +62,8 @@ struct Optimizer::Impl {
   double last_grad_norm = NAN;
   // in-backward
   struct Hook {
-    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive so the hook stays on it
+    // kept alive so the hook stays on it: a shared_ptr in LibTorch 1.13, an intrusive_ptr in 2.x
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>())) accumulator;
     uintptr_t key;
   };
   std::vector<Hook> hooks;
