@@ -1,7 +1,9 @@
 // Hugging Face checkpoints: a tiny model written and read back (single file and sharded, Llama and
 // GPT-2), configs, and clear errors for weights that do not fit.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -170,4 +172,36 @@ TEST(HfCheckpoint, AConfigLargerThanItsWeightsIsRefusedBeforeAnyModelIsBuilt) {
     EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.weight is [40, 16] in the file but [4000000, 16] in the model (dimension 0: 40 vs 4000000)"),
               std::string::npos) << e.what();
   }
+}
+
+TEST(HfCheckpoint, AHugeTensorInASparseFileIsRefusedFromItsHeaderWithoutReadingIt) {
+  // 4 KiB on disk declaring a 1 GiB tensor: the shape check comes from the header, before any data
+  // is read (no allocation for it, and not a quarter of its pages touched through a mapping).
+  auto model = models::make_decoder(tiny("llama"));
+  const std::string dir = fresh_dir("sparse");
+  const int64_t n = int64_t{1} << 28, bytes = n * 4;
+  std::string header = R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[16384,16384],"data_offsets":[0,)" +
+                       std::to_string(bytes) + "]}}";
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  {
+    std::ofstream f(dir + "/model.safetensors", std::ios::binary);
+    const uint64_t len = header.size();
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f << header;
+  }
+  ASSERT_EQ(::truncate((dir + "/model.safetensors").c_str(), static_cast<off_t>(8 + header.size() + bytes)), 0);
+  struct rusage before, after;
+  ::getrusage(RUSAGE_SELF, &before);
+  auto tracker = memory::Tracker::create(false);
+  try {
+    memory::TrackingGuard guard(tracker);
+    models::load_hf_weights(*model, dir);
+    FAIL() << "a 1 GiB embedding was accepted for a [50, 16] one";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight is [16384, 16384] in the file but [50, 16] in the model"),
+              std::string::npos) << e.what();
+  }
+  ::getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(tracker->peak_bytes(), 1 << 20);
+  EXPECT_LT(after.ru_minflt + after.ru_majflt - before.ru_minflt - before.ru_majflt, 65536);  // 1 GiB is 262144 pages
 }
