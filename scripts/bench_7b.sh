@@ -27,7 +27,7 @@ out = sys.argv[1]
 dry = json.load(open(f"{out}/dry-run.json"))
 runs = [json.load(open(f"{out}/{n}.json")) for n in ("first", "resumed")]
 gib = lambda b: b / 2**30
-est = dry["peak_bytes"] if "peak_bytes" in dry else dry["estimate"]["peak_bytes"]
+est = dry["peak_bytes"]  # the dry run's estimate, as `frugal train --dry-run --json-out` writes it
 summary = {"n_params": runs[0]["n_params"], "estimate_peak_bytes": est, "runs": []}
 print(f"\n7B benchmark: {runs[0]['n_params']:,} parameters; dry-run estimate {gib(est):.2f} GiB")
 for name, r in zip(("steps 0-1", "steps 2-3 (resumed)"), runs):
