@@ -8,6 +8,7 @@ packages=(
   libopenblas0-pthread  # without it matrix products fall back to reference BLAS (~30x slower)
   libgtest-dev          # GoogleTest
   python3               # the CLI test reads the JSON back
+  python3-venv          # the virtual environment that holds the LibTorch 2.x wheel (scripts/setup_torch2.sh)
   pkg-config
   libsentencepiece-dev  # tokenizers (Llama's tokenizer.model format)
   libyaml-cpp-dev       # training recipes

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/version.h>
+
 #include "frugal/checkpoint/planner.h"
 #include "frugal/checkpoint/policy.h"
 #include "frugal/models/activation_bytes.h"
@@ -82,6 +84,10 @@ BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& 
   return out;
 }
 
+// Whether autograd sums two gradients of one input in place when it may (2.x: into the first, when it
+// is a plain tensor nothing else holds) or always into a new tensor (1.13). Seen with the tracker.
+constexpr bool kAutogradSumsInPlace = TORCH_VERSION_MAJOR >= 2;
+
 MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size) {
   using memory::Category;
   models::DecoderConfig c = r.model;
@@ -120,32 +126,43 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size) {
   std::vector<Moment> moments;
   //  the loss's forward, on top of everything forward kept;
   moments.push_back({"forward, in the loss", kept_all, a.loss_forward_temporary, 0});
-  //  the loss's backward: the logits' gradients (chunk by chunk when chunked) and the head's gradient
-  //  (with tied embeddings an autograd intermediate, waiting to be summed with the embedding's);
+  //  the loss's backward: the logits' gradients (chunk by chunk when chunked) and the head's gradient.
+  //  With tied embeddings the head's gradient waits for the embedding's, to be summed with it at the
+  //  end of backward: an autograd intermediate (temporary), except where LibTorch 2.x sums the two
+  //  in place into the first -- the chunked loss's gradient, a plain tensor of its own (the plain
+  //  loss's is a transposed view, summed out of place) -- making that buffer the .grad (gradient).
   const bool tied = c.tie_embeddings;
-  moments.push_back({"backward, in the loss", kept_all, a.loss_backward_temporary + (tied ? a.loss_weight_gradient : 0),
-                     tied ? 0 : a.loss_weight_gradient});
+  const bool head_grad_is_gradient = !tied || (kAutogradSumsInPlace && r.loss.chunked());
+  moments.push_back({"backward, in the loss", kept_all,
+                     a.loss_backward_temporary + (head_grad_is_gradient ? 0 : a.loss_weight_gradient),
+                     head_grad_is_gradient ? a.loss_weight_gradient : 0});
   //  each segment's backward (last first): what the blocks before it keep, its blocks' activations
   //  all live (recomputed when checkpointed), its working set, and the gradients live by then
   //  (standard: the head's and those of every later block; in backward: one node's).
   const int64_t head_grad = checked_mul(checked_mul(c.vocab_size, c.dim, "the head"), e, "the head");
-  const int64_t pending_head_grad = tied && !in_backward ? head_grad : 0;  // until the embedding's backward
-  int64_t later_grads = tied ? 0 : head_grad;
+  // The tied head's gradient is pending until the embedding's backward, in either mode.
+  const int64_t pending_head = tied ? head_grad : 0;
+  const int64_t pending_head_temporary = head_grad_is_gradient ? 0 : pending_head;
+  const int64_t pending_head_gradient = pending_head - pending_head_temporary;
+  int64_t later_grads = tied ? pending_head_gradient : head_grad;
   for (auto s = layout.segments.rbegin(); s != layout.segments.rend(); ++s) {
     int64_t prefix = 0;
     for (int64_t i = 0; i < s->begin; ++i) prefix = checked_add(prefix, layout.kept[static_cast<size_t>(i)], "the activations");
     const int64_t live = checked_mul(s->end - s->begin, a.block_plain, "the activations");
     // The block's own first gradients (its last matrix's) are made early in its backward. In
     // backward mode each gradient is used and freed as soon as it is complete (a checkpointed
-    // segment's recompute accumulates straight into .grad too): the update of the largest matrix,
-    // with its temporaries, while the block's activations are still live.
+    // segment's recompute accumulates straight into .grad too), so none is live at the working
+    // set's peak (the tracker shows it) but the tied head's; the update of the largest matrix, with
+    // its temporaries, while the block's activations are still live, is a moment of its own.
     moments.push_back({"backward of block " + std::to_string(s->end - 1), checked_add(prefix, live, "the activations"),
-                       checked_add(a.block_backward_working_set, pending_head_grad, "the temporaries"),
-                       checked_add(a.block_largest_matrix, in_backward ? 0 : later_grads, "the gradients")});
+                       checked_add(s->checkpointed ? a.block_backward_working_set : a.plain_block_backward_working_set,
+                                   pending_head_temporary, "the temporaries"),
+                       in_backward ? pending_head_gradient : checked_add(a.block_largest_matrix, later_grads, "the gradients")});
     if (in_backward) {
       moments.push_back({"update in block " + std::to_string(s->end - 1) + "'s backward", prefix + live,
-                         optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),
-                         a.block_largest_matrix});
+                         checked_add(optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),
+                                     pending_head_temporary, "the temporaries"),
+                         checked_add(a.block_largest_matrix, pending_head_gradient, "the gradients")});
     }
     later_grads = checked_add(later_grads, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
   }

@@ -23,7 +23,8 @@ struct DecoderActivationBytes {
   int64_t block_plain = 0;       // one block run plainly: everything its backward reads
   int64_t block_input = 0;       // a checkpointed block keeps only its input: (B, T, d)
   int64_t block_selective = 0;   // selective checkpointing: its input and its matrix products
-  int64_t block_backward_working_set = 0;  // a block's backward temporaries at their peak
+  int64_t block_backward_working_set = 0;  // a checkpointed block's backward temporaries at their peak
+  int64_t plain_block_backward_working_set = 0;  // the same for a block that is not recomputed
   int64_t head_kept = 0;         // the final norm and the loss (plain: fp32 log-softmax of the logits)
   int64_t loss_forward_temporary = 0;   // at the loss's forward peak
   int64_t loss_backward_temporary = 0;  // at the loss's backward peak
