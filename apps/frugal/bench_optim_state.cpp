@@ -1,7 +1,10 @@
 // frugal bench optim-state — AdamW state in fp32, bf16, 8-bit and 4-bit: bytes per parameter,
 // step time against fp32 on ~50M parameters, and with --steps N the default recipe's final loss.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -33,6 +36,15 @@ int bench_optim_state(int argc, char** argv) {
   args.add_string("recipe", &recipe_path, "the recipe for --steps: a file or a shipped recipe's name", "RECIPE");
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
+  // The fp32 run holds weights, gradients and both moments in fp32 (16 bytes a parameter) at once:
+  // more than the machine's memory would swap for hours before the allocator gave up.
+  const int64_t physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  if (physical > 0 && params > physical / 16) {
+    throw UsageError("--params " + std::to_string(params) + " needs about " +
+                     (params > INT64_MAX / 16 ? std::string("more than 8 EiB") : io::human_bytes(16 * params)) +
+                     " (16 bytes a parameter for fp32 weights, gradients and AdamW state), more than this machine's " +
+                     io::human_bytes(physical) + " of memory");
+  }
   // The recipe is used last: check it, and every key the runs will set, before the timed steps.
   recipe_path = resolve_recipe(recipe_path);
   std::string data_files[2];  // where the recipe keeps its tokenizer and tokens: shared by the runs

@@ -1,11 +1,14 @@
 // frugal — train neural networks in less memory. Entry point: dispatches to the subcommands and
-// turns errors into exit codes (2: the user's mistake, one line; 1: a failure while working).
+// turns errors into exit codes (2: the user's mistake, one line: UsageError from the command line,
+// std::invalid_argument from below it; 1: a failure while working).
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 
 #include "args.h"
@@ -13,7 +16,7 @@
 #include "frugal/bench/hardware.h"
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
-#include "frugal/train/recipe.h"
+#include "frugal/io/units.h"
 
 namespace {
 
@@ -33,6 +36,21 @@ const char* kUsage =
     "  bench     run a benchmark and print its ratios against the plain version (frugal bench --help)\n"
     "\n"
     "'frugal COMMAND --help' describes a command's flags; 'frugal --version' prints the versions.\n";
+
+// A LibTorch error in our words where we know what it means: the CPU allocator's refusal
+// ("[enforce fail at alloc_cpu.cpp:75] ... you tried to allocate N bytes. Error code 12 ...") is
+// this machine running out of memory for the sizes asked for.
+std::string describe(const c10::Error& e) {
+  const std::string what = e.what_without_backtrace();
+  const std::string tried = "you tried to allocate ";
+  const auto at = what.find(tried);
+  if (what.find("can't allocate memory") != std::string::npos && at != std::string::npos) {
+    const long long bytes = std::strtoll(what.c_str() + at + tried.size(), nullptr, 10);
+    return "out of memory: allocating " + frugal::io::human_bytes(bytes) +
+           " failed (the sizes asked for need more memory than this machine can give)";
+  }
+  return what;
+}
 
 }  // namespace
 
@@ -84,11 +102,14 @@ int main(int argc, char** argv) {
   } catch (const cli::UsageError& e) {
     std::cerr << "frugal: " << e.what() << "\n";
     return 2;
-  } catch (const train::RecipeError& e) {  // a recipe check that fired after loading (the tokenizer's vocabulary)
+  } catch (const std::invalid_argument& e) {
+    // The input's fault, found below the command line: a recipe check that fired after loading
+    // (RecipeError), a file that is not what it must be (a token file, a tokenizer, a checkpoint),
+    // a value the data cannot serve. The library's messages name the file or value.
     std::cerr << "frugal " << command << ": " << e.what() << "\n";
     return 2;
   } catch (const c10::Error& e) {
-    std::cerr << "frugal " << command << ": error: " << e.what_without_backtrace() << "\n";
+    std::cerr << "frugal " << command << ": error: " << describe(e) << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "frugal " << command << ": error: " << e.what() << "\n";

@@ -47,15 +47,15 @@ void collect_files(const std::string& path, std::vector<std::string>& out, std::
   for (const auto& n : names) collect_files(path + "/" + n, out, seen_dirs);
 }
 
-// The whole file; a file that cannot be opened or read is an error with the system's reason
-// (iostreams would report a read error as end of file, or throw with their internals' name).
-std::string read_text(const std::string& path) {
+// Reads the file in 64 KiB pieces, handing each to `piece`; a file that cannot be opened or read
+// is an error with the system's reason (iostreams would report a read error as end of file).
+template <typename Piece>
+void read_pieces(const std::string& path, Piece&& piece) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::invalid_argument("corpus file " + path + " cannot be read: " + std::strerror(errno));
-  std::string text;
-  char buf[1 << 16];
+  std::vector<char> buf(1 << 16);
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int err = errno;
@@ -63,105 +63,260 @@ std::string read_text(const std::string& path) {
       throw std::invalid_argument("corpus file " + path + " cannot be read: " + std::strerror(err));
     }
     if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return text;
-}
-
-// Splits fortune-format text at lines holding only "%"; other text is one document.
-void split_documents(const std::string& text, std::vector<std::string>& docs) {
-  if (text.find("\n%\n") == std::string::npos && text.rfind("%\n", 0) != 0) {
-    if (text.find_first_not_of(" \t\r\n") != std::string::npos) docs.push_back(text);
-    return;
-  }
-  std::istringstream in(text);
-  std::string line, doc;
-  auto flush = [&] {
-    if (doc.find_first_not_of(" \t\r\n") != std::string::npos) docs.push_back(doc);
-    doc.clear();
-  };
-  while (std::getline(in, line)) {
-    if (line == "%") {
-      flush();
-    } else {
-      doc += line + "\n";
+    try {
+      piece(buf.data(), static_cast<size_t>(n));
+    } catch (...) {
+      ::close(fd);
+      throw;
     }
   }
-  flush();
+  ::close(fd);
 }
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+// What a first pass finds: a NUL byte (binary, e.g. fortune's .dat index files: skipped), and
+// whether the file is in the fortune format (starts with "%\n" or holds "\n%\n").
+struct FileKind {
+  bool binary = false, fortune = false;
+};
+
+FileKind scan_file(const std::string& path) {
+  FileKind kind;
+  // Starting with "%\n" or holding "\n%\n" is holding "\n%\n" after a "\n" put in front. The
+  // last two bytes of each piece go in front of the next, for a separator across two pieces.
+  std::string window = "\n";
+  read_pieces(path, [&](const char* p, size_t n) {
+    if (std::memchr(p, '\0', n)) kind.binary = true;
+    if (kind.fortune || kind.binary) return;
+    window.append(p, n);
+    kind.fortune = window.find("\n%\n") != std::string::npos;
+    window.erase(0, window.size() - std::min<size_t>(window.size(), 2));
+  });
+  return kind;
+}
+
+// Every document of a corpus, streamed: sink.text(p, n) with the document's bytes in order, then
+// sink.end(has_text), has_text false for a document of whitespace only (which is not one). A file
+// in the fortune format is split at lines holding only "%" (each kept line ends with "\n"); any
+// other text file is one document, byte for byte. Memory stays at one 64 KiB read.
+template <typename Sink>
+void stream_documents(const std::vector<std::string>& files, Sink& sink) {
+  for (const std::string& f : files) {
+    const FileKind kind = scan_file(f);
+    if (kind.binary) continue;
+    bool has_text = false;
+    std::string out;  // the bytes of this read going to the current document
+    auto emit = [&] {
+      if (out.empty()) return;
+      if (!has_text) has_text = std::any_of(out.begin(), out.end(), [](char c) { return !is_space(c); });
+      sink.text(out.data(), out.size());
+      out.clear();
+    };
+    auto end_document = [&] {
+      emit();
+      sink.end(has_text);
+      has_text = false;
+    };
+    if (!kind.fortune) {
+      read_pieces(f, [&](const char* p, size_t n) {
+        out.assign(p, n);
+        emit();
+      });
+      end_document();
+      continue;
+    }
+    bool line_start = true, held_percent = false;  // a "%" opening a line, until the next byte says what it is
+    read_pieces(f, [&](const char* p, size_t n) {
+      for (size_t i = 0; i < n; ++i) {
+        const char c = p[i];
+        if (held_percent) {
+          held_percent = false;
+          if (c == '\n') {  // a "%" line: the document ends
+            end_document();
+            line_start = true;
+            continue;
+          }
+          out += '%';
+          line_start = false;
+        }
+        if (line_start && c == '%') {
+          held_percent = true;
+          continue;
+        }
+        out += c;
+        line_start = c == '\n';
+      }
+      emit();
+    });
+    if (!held_percent && !line_start) out += '\n';  // the last line ends with "\n", as every kept line does
+    end_document();  // a "%" at the very end closes the document too
+  }
+}
+
+// The files of a corpus path in reading order, each real file once.
+std::vector<std::string> corpus_files(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("corpus " + path + " does not exist");
+  std::vector<std::string> files, unique;
+  std::set<std::pair<dev_t, ino_t>> seen_dirs;
+  collect_files(path, files, seen_dirs);
+  std::set<std::string> seen;
+  for (const auto& f : files) {
+    char real[PATH_MAX];
+    if (::realpath(f.c_str(), real) && seen.insert(real).second) unique.push_back(f);  // skips links to a file already read
+  }
+  return unique;
+}
+
+// The token file, written as it is made: the header's count is filled in at the end, and a bounded
+// buffer of tokens is all that is held. Tokens after a mark can be taken back.
+class TokenFileWriter {
+ public:
+  TokenFileWriter(const std::string& path, int64_t vocab_size) : out_(path) {
+    char header[kHeaderBytes] = {};
+    std::memcpy(header, kMagic, 8);
+    const uint32_t version = 1, width = 4;
+    const uint64_t vocab = static_cast<uint64_t>(vocab_size);
+    std::memcpy(header + 8, &version, 4);
+    std::memcpy(header + 12, &width, 4);
+    std::memcpy(header + 16, &vocab, 8);
+    out_.write(header, kHeaderBytes);
+  }
+  void append(const int32_t* ids, size_t n) {
+    buffer_.insert(buffer_.end(), ids, ids + n);
+    if (buffer_.size() >= kBufferTokens) flush();
+  }
+  uint64_t count() const { return written_ + buffer_.size(); }
+  void take_back_to(uint64_t count) {
+    if (count >= written_) {
+      buffer_.resize(count - written_);
+    } else {
+      buffer_.clear();
+      out_.truncate(kHeaderBytes + count * sizeof(int32_t));
+      written_ = count;
+    }
+  }
+  void commit() {
+    flush();
+    const uint64_t n = written_;
+    out_.write_at(24, &n, 8);
+    out_.commit();
+  }
+
+ private:
+  static constexpr size_t kBufferTokens = 1 << 16;
+  void flush() {
+    out_.write(buffer_.data(), buffer_.size() * sizeof(int32_t));
+    written_ += buffer_.size();
+    buffer_.clear();
+  }
+  io::AtomicFileWriter out_;
+  std::vector<int32_t> buffer_;
+  uint64_t written_ = 0;
+};
+
+// Encodes a document as it streams in. One encode call over a long line costs many times its
+// size, so text is encoded in pieces of about piece_bytes: a piece ends before whitespace in its
+// second half (SentencePiece starts each word at a space, so the tokens are those of the whole
+// text), else at a UTF-8 character boundary. Only a piece's worth of text waits at a time.
+class DocumentEncoder {
+ public:
+  DocumentEncoder(const Tokenizer& tokenizer, TokenFileWriter& out, size_t piece_bytes)
+      : tokenizer_(tokenizer), out_(out), piece_bytes_(std::max<size_t>(piece_bytes, 2)) {}
+  void text(const char* p, size_t n) {
+    pending_.append(p, n);
+    size_t pos = 0;
+    while (pending_.size() - pos > piece_bytes_) pos = encode_piece(pos);  // the text goes on past this piece
+    pending_.erase(0, pos);
+  }
+  // Encodes what is left, then EOS; a document of whitespace only leaves no tokens.
+  void end(bool has_text) {
+    if (has_text) {
+      if (!pending_.empty()) encode(pending_.data(), pending_.size());
+      const int32_t eos = tokenizer_.eos_id();
+      out_.append(&eos, 1);
+      ++documents_;
+    } else {
+      out_.take_back_to(document_start_);
+    }
+    pending_.clear();
+    document_start_ = out_.count();
+  }
+  int64_t documents() const { return documents_; }
+
+ private:
+  size_t encode_piece(size_t pos) {  // pending_ holds more than piece_bytes_ from pos
+    size_t end = pos + piece_bytes_;
+    const size_t cut = pending_.find_last_of(" \t\r\n", end);
+    if (cut != std::string::npos && cut > pos + piece_bytes_ / 2) {
+      end = cut;
+    } else {
+      while (end > pos + 1 && (static_cast<unsigned char>(pending_[end]) & 0xC0) == 0x80) --end;
+    }
+    encode(pending_.data() + pos, end - pos);
+    return end;
+  }
+  void encode(const char* p, size_t n) {
+    const auto ids = tokenizer_.encode(std::string(p, n));
+    out_.append(ids.data(), ids.size());
+  }
+  const Tokenizer& tokenizer_;
+  TokenFileWriter& out_;
+  size_t piece_bytes_;
+  std::string pending_;
+  uint64_t document_start_ = 0;
+  int64_t documents_ = 0;
+};
 
 }  // namespace
 
 std::vector<std::string> read_corpus(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("corpus " + path + " does not exist");
-  std::vector<std::string> files;
-  std::set<std::pair<dev_t, ino_t>> seen_dirs;
-  collect_files(path, files, seen_dirs);
-  std::set<std::string> seen;
-  std::vector<std::string> docs;
-  for (const auto& f : files) {
-    char real[PATH_MAX];
-    if (!::realpath(f.c_str(), real) || !seen.insert(real).second) continue;  // a link to a file already read
-    const std::string text = read_text(f);
-    if (text.find('\0') != std::string::npos) continue;  // binary (e.g. fortune's .dat index files)
-    split_documents(text, docs);
-  }
-  if (docs.empty()) throw std::invalid_argument("corpus " + path + " holds no text");
-  return docs;
+  struct Collect {
+    std::vector<std::string> docs;
+    std::string doc;
+    void text(const char* p, size_t n) { doc.append(p, n); }
+    void end(bool has_text) {
+      if (has_text) docs.push_back(doc);
+      doc.clear();
+    }
+  } sink;
+  stream_documents(corpus_files(path), sink);
+  if (sink.docs.empty()) throw std::invalid_argument("corpus " + path + " holds no text");
+  return std::move(sink.docs);
 }
 
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size) {
-  char header[kHeaderBytes] = {};
-  std::memcpy(header, kMagic, 8);
-  const uint32_t version = 1, width = 4;
-  const uint64_t vocab = static_cast<uint64_t>(vocab_size), count = tokens.size();
-  std::memcpy(header + 8, &version, 4);
-  std::memcpy(header + 12, &width, 4);
-  std::memcpy(header + 16, &vocab, 8);
-  std::memcpy(header + 24, &count, 8);
-  io::AtomicFileWriter out(path);
-  out.write(header, kHeaderBytes);
-  out.write(tokens.data(), tokens.size() * sizeof(int32_t));
+  TokenFileWriter out(path, vocab_size);
+  out.append(tokens.data(), tokens.size());
   out.commit();
 }
 
-namespace {
-
-void encode_in_pieces(const std::string& doc, const Tokenizer& tokenizer, std::vector<int32_t>& out, size_t piece_bytes) {
-  // One encode call over a long line costs many times its size; pieces keep it bounded. A piece
-  // ends before whitespace in its second half (SentencePiece starts each word at a space, so the
-  // tokens are those of the whole text), else at a UTF-8 character boundary.
-  piece_bytes = std::max<size_t>(piece_bytes, 2);
-  size_t pos = 0;
-  while (pos < doc.size()) {
-    size_t end = std::min(doc.size(), pos + piece_bytes);
-    if (end < doc.size()) {
-      const size_t cut = doc.find_last_of(" \t\r\n", end);
-      if (cut != std::string::npos && cut > pos + piece_bytes / 2) {
-        end = cut;
-      } else {
-        while (end > pos + 1 && (static_cast<unsigned char>(doc[end]) & 0xC0) == 0x80) --end;
-      }
-    }
-    const auto ids = tokenizer.encode(doc.substr(pos, end - pos));
-    out.insert(out.end(), ids.begin(), ids.end());
-    pos = end;
-  }
+CorpusTokens tokenize_corpus(const std::string& corpus_path, const Tokenizer& tokenizer, const std::string& path,
+                             size_t piece_bytes) {
+  const std::vector<std::string> files = corpus_files(corpus_path);
+  TokenFileWriter out(path, tokenizer.vocab_size());
+  DocumentEncoder encoder(tokenizer, out, piece_bytes);
+  stream_documents(files, encoder);
+  if (encoder.documents() == 0) throw std::invalid_argument("corpus " + corpus_path + " holds no text");
+  CorpusTokens result;
+  result.documents = encoder.documents();
+  result.tokens = static_cast<int64_t>(out.count());
+  out.commit();
+  return result;
 }
 
-}  // namespace
-
-int64_t tokenize_corpus(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path,
-                        size_t piece_bytes) {
-  std::vector<int32_t> tokens;
+int64_t tokenize_documents(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path,
+                           size_t piece_bytes) {
+  TokenFileWriter out(path, tokenizer.vocab_size());
+  DocumentEncoder encoder(tokenizer, out, piece_bytes);
   for (const std::string& doc : documents) {
-    encode_in_pieces(doc, tokenizer, tokens, piece_bytes);
-    tokens.push_back(tokenizer.eos_id());
+    encoder.text(doc.data(), doc.size());
+    encoder.end(true);
   }
-  write_token_file(path, tokens, tokenizer.vocab_size());
-  return static_cast<int64_t>(tokens.size());
+  const auto n = static_cast<int64_t>(out.count());
+  out.commit();
+  return n;
 }
 
 TokenFile::TokenFile(const std::string& path) {

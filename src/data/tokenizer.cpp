@@ -104,7 +104,13 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
   const SentencePieceApi& spm = api();
   char err[512] = {};
   void* handle = spm.load(model_path.c_str(), err, sizeof(err));
-  if (!handle) throw std::invalid_argument("tokenizer " + model_path + " is not a SentencePiece model (" + err + ")");
+  if (!handle) {
+    // SentencePiece's reason, unless it is its source location and a failed check ("Internal:
+    // ./src/sentencepiece_processor.cc(1101) [model_proto->ParseFromArray(...)]"): no words for a user.
+    const std::string why = err;
+    throw std::invalid_argument("tokenizer " + model_path + " is not a SentencePiece model (" +
+                                (why.find(".cc(") != std::string::npos || why.empty() ? "its bytes do not parse as one" : why) + ")");
+  }
   Tokenizer t;
   t.sp_ = std::shared_ptr<void>(handle, [free_model = spm.free_model](void* h) { free_model(h); });
   t.path_ = model_path;

@@ -1,10 +1,12 @@
 #include "frugal/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -21,6 +23,15 @@ std::string parent_dir(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+// The test hook of atomic_file.h, read once.
+void kill_if_testing_after(const std::string& path) {
+  static const std::string marker = [] {
+    const char* v = std::getenv("FRUGAL_TEST_KILL_AFTER_WRITING");
+    return std::string(v ? v : "");
+  }();
+  if (!marker.empty() && path.find(marker) != std::string::npos) ::raise(SIGKILL);
 }
 
 }  // namespace
@@ -58,6 +69,25 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
   }
 }
 
+void AtomicFileWriter::write_at(uint64_t offset, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pwrite(fd_, p + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write", tmp_);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void AtomicFileWriter::truncate(uint64_t bytes) {
+  if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0 || ::lseek(fd_, static_cast<off_t>(bytes), SEEK_SET) < 0) {
+    fail("cannot truncate", tmp_);
+  }
+}
+
 void AtomicFileWriter::commit() {
   if (::fchmod(fd_, 0644) != 0 || ::fsync(fd_) != 0) fail("cannot flush", tmp_);
   const int fd = fd_;
@@ -71,6 +101,7 @@ void AtomicFileWriter::commit() {
     fail("cannot rename the temporary file onto", path_);
   }
   sync_directory(parent_dir(path_));
+  kill_if_testing_after(path_);
 }
 
 void write_file_atomic(const std::string& path, const std::string& contents) {

@@ -491,9 +491,12 @@ const char* kScript = R"HTML(</script>
 
     // Evaluation and sampling spikes sit between steps, and a trace's labels (frugal account's
     // experiments) name stretches of it: write each name inside the plot at its start, on one of
-    // two rows, skipping one that would overlap both. The names drawn go to data-labels.
+    // the rows that fit in the plot's top third (a short stretch, as under a busy machine's timings,
+    // goes to the next free row), skipping one that would overlap them all. The names drawn go to
+    // data-labels.
     function drawPhaseLabels(g) {
-      var ctx = g.ctx, rowEnd = [-1e9, -1e9], drawn = [], runs = [];
+      var ctx = g.ctx, rowEnd = [], drawn = [], runs = [];
+      for (var k = Math.max(2, Math.floor(g.ph / 3 / 15)); k > 0; --k) rowEnd.push(-1e9);
       tr.phases.forEach(function (p) {
         if (!LABELLED_PHASES[p[0]]) return;
         var last = runs[runs.length - 1];
@@ -508,7 +511,8 @@ const char* kScript = R"HTML(</script>
         var x = g.x(r[1]), w = ctx.measureText(r[0]).width, lx = Math.min(x + 3, g.left + g.pw - w);
         ctx.strokeStyle = PHASE_COLORS[r[0]] || '#8a8fa0';
         ctx.beginPath(); ctx.moveTo(Math.round(x) + 0.5, g.top); ctx.lineTo(Math.round(x) + 0.5, g.top + g.ph); ctx.stroke();
-        var row = lx > rowEnd[0] + 6 ? 0 : lx > rowEnd[1] + 6 ? 1 : -1;
+        var row = -1;
+        for (var j = 0; j < rowEnd.length && row < 0; ++j) if (lx > rowEnd[j] + 6) row = j;
         if (row < 0) return;
         var y = g.top + 3 + 15 * row;
         ctx.fillStyle = 'rgba(255, 255, 255, 0.85)';

@@ -137,9 +137,12 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     if (fresh) log(p.tokens_path + " was made with another tokenizer: remaking it");
   }
   if (fresh) {
+    if (r.corpus.empty()) throw RecipeError("data.corpus is needed to make " + r.tokens);
+    std::vector<std::string>().swap(docs);  // the tokenizer's training copy; tokenizing streams the corpus
     io::make_directories(io::parent_path(p.tokens_path));
-    const int64_t n = data::tokenize_corpus(corpus(), tok, p.tokens_path);
-    log("tokenized the corpus into " + std::to_string(n) + " tokens: " + p.tokens_path);
+    const data::CorpusTokens made = data::tokenize_corpus(r.corpus, tok, p.tokens_path);
+    log("tokenized " + std::to_string(made.documents) + (made.documents == 1 ? " document" : " documents") + " from " + r.corpus + " into " +
+        std::to_string(made.tokens) + " tokens: " + p.tokens_path);
   }
   return p;
 }

@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include "frugal/data/corpus.h"
 #include "frugal/data/tokenizer.h"
@@ -143,7 +146,7 @@ TEST(Tokenizer, LongLinesAreTokenizedInPiecesWithTheSameTokens) {
   for (const auto& d : sample_docs()) line += d.substr(0, d.size() - 1) + " ";
   line += "end";
   const std::string path = dir("tok_pieces") + "/t.tokens";
-  const int64_t n = tokenize_corpus({line, "short one"}, tok, path, /*piece_bytes=*/1000);
+  const int64_t n = tokenize_documents({line, "short one"}, tok, path, /*piece_bytes=*/1000);
   std::vector<int32_t> want = tok.encode(line);  // the reference: one call over the whole line
   want.push_back(tok.eos_id());
   for (int32_t id : tok.encode("short one")) want.push_back(id);
@@ -157,7 +160,7 @@ TEST(Tokenizer, LongLinesAreTokenizedInPiecesWithTheSameTokens) {
   // piece starts a word, so only spaces are added between pieces).
   std::string dense;
   for (int i = 0; i < 3000; ++i) dense += "\xc3\xa9";  // é
-  tokenize_corpus({dense}, tok, path, 999);
+  tokenize_documents({dense}, tok, path, 999);
   const TokenFile dense_file(path);
   const at::Tensor ids = dense_file.tokens().narrow(0, 0, dense_file.size() - 1);
   std::string decoded = tok.decode(std::vector<int32_t>(ids.data_ptr<int32_t>(), ids.data_ptr<int32_t>() + ids.numel()));
@@ -217,4 +220,192 @@ TEST(Tokenizer, TrainingErrorsCarryNoSentencePieceLogLines) {
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
     EXPECT_NE(what.find("character_coverage"), std::string::npos) << what;
   }
+}
+
+namespace {
+
+// The documents of one file by the rules corpus.h states, computed over the whole text at once (as
+// frugal did before it streamed): an independent reference for the streaming reader.
+std::vector<std::string> whole_file_documents(const std::string& text) {
+  std::vector<std::string> docs;
+  auto keep = [&](const std::string& d) {
+    if (d.find_first_not_of(" \t\r\n") != std::string::npos) docs.push_back(d);
+  };
+  if (text.find('\0') != std::string::npos) return docs;
+  if (("\n" + text).find("\n%\n") == std::string::npos) {
+    keep(text);
+    return docs;
+  }
+  std::istringstream in(text);
+  std::string line, doc;
+  while (std::getline(in, line)) {
+    if (line == "%") {
+      keep(doc);
+      doc.clear();
+    } else {
+      doc += line + "\n";
+    }
+  }
+  keep(doc);
+  return docs;
+}
+
+std::string words_text(size_t bytes, uint32_t seed) {  // lower-case words and spaces, no newline
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"};
+  std::string s;
+  uint32_t x = seed;
+  while (s.size() < bytes) {
+    x = x * 1664525u + 1013904223u;
+    s += words[(x >> 16) % 12];
+    s += ' ';
+  }
+  return s;
+}
+
+Tokenizer small_tokenizer(const std::string& name) {
+  const std::string prefix = dir(name) + "/tok";
+  train_tokenizer(sample_docs(), prefix, TokenizerTrainOptions().vocab_size(320));
+  return Tokenizer::load(prefix + ".model");
+}
+
+std::vector<int32_t> token_file_ids(const std::string& path) {
+  const TokenFile f(path);
+  const int32_t* p = f.tokens().data_ptr<int32_t>();
+  return std::vector<int32_t>(p, p + f.size());
+}
+
+}  // namespace
+
+// Streaming splits documents exactly as reading each file whole does, at every 64 KiB read boundary
+// (a "\n%\n" across one, a "%" line ending a read), and its tokens are those of one encode call per
+// whole document followed by EOS.
+TEST(Corpus, StreamedDocumentsAndTokensEqualTheWholeFileComputation) {
+  const std::string d = dir("stream");
+  std::map<std::string, std::string> files;
+  // A fortune file whose separator straddles the first read boundary (bytes 65535-65537).
+  std::string f1 = "%\nfirst\n%\n%%not a separator\n   \t\n%\n";
+  f1 += words_text(65535 - f1.size() - 1, 1) + "\n";
+  f1.resize(65535, 'x');
+  f1 += "\n%\nafter the boundary\n";
+  f1 += words_text(70000, 2) + "\n%\r\nstill the same document\n%\n" + words_text(65536 * 3 - f1.size() - 2, 3) + "\n%";
+  files["a_fortunes"] = f1;
+  // "%" at a read's last byte and its newline in the next read; an unterminated last line.
+  std::string f2 = words_text(65535 - 1, 4);
+  f2.resize(65535 - 1);
+  f2 += "\n%\nlast line without a newline";
+  files["b_fortunes"] = f2;
+  files["c_one_line"] = words_text(300000, 5);  // one long line, no newline
+  files["d_spaces_only"] = std::string(70000, ' ') + "\n\t\n";
+  files["e_binary"] = std::string("abc\0def", 7) + words_text(100, 6);
+  files["f_crlf"] = "one\r\n%\r\ntwo\r\n";  // no "\n%\n": one document
+  std::string f3 = std::string(80000, ' ') + "late text\n%\n" + std::string(90000, '\n') + "\n%\nend\n";
+  files["g_late_text"] = f3;  // whitespace for more than a read, then text; a whitespace-only document
+  std::vector<std::string> want_docs;
+  for (const auto& [name, text] : files) {
+    std::ofstream(d + "/" + name, std::ios::binary) << text;
+    for (auto& doc : whole_file_documents(text)) want_docs.push_back(doc);
+  }
+  const auto docs = read_corpus(d);
+  ASSERT_EQ(docs.size(), want_docs.size());
+  for (size_t i = 0; i < docs.size(); ++i) EXPECT_TRUE(docs[i] == want_docs[i]) << "document " << i;
+
+  const Tokenizer tok = small_tokenizer("stream_tok");
+  std::vector<int32_t> want;
+  for (const auto& doc : want_docs) {
+    for (int32_t id : tok.encode(doc)) want.push_back(id);
+    want.push_back(tok.eos_id());
+  }
+  for (size_t piece : {size_t(1000), size_t(1) << 16}) {
+    const std::string path = d + "_" + std::to_string(piece) + ".tokens";
+    const CorpusTokens made = tokenize_corpus(d, tok, path, piece);
+    EXPECT_EQ(made.documents, static_cast<int64_t>(want_docs.size()));
+    EXPECT_EQ(made.tokens, static_cast<int64_t>(want.size()));
+    EXPECT_TRUE(token_file_ids(path) == want) << "piece_bytes " << piece;
+  }
+  // A corpus of whitespace only is refused and leaves no file.
+  const std::string empty = dir("stream_empty");
+  std::ofstream(empty + "/blank") << "  \n%\n\t\n";
+  EXPECT_THROW(tokenize_corpus(empty, tok, empty + ".tokens"), std::invalid_argument);
+  struct stat st {};
+  EXPECT_NE(::stat((empty + ".tokens").c_str(), &st), 0);
+}
+
+namespace {
+
+struct ChildRun {
+  int64_t rss_growth = 0, tokens = 0;
+};
+
+// Tokenizes a corpus in a child process; reports its peak RSS growth (VmHWM after, less VmRSS when
+// the peak was reset just before) and the token count. held: read the corpus into memory first and
+// tokenize from there (a control, to show the measure sees memory that grows with the corpus).
+ChildRun tokenize_in_child(const std::string& corpus, const Tokenizer& tok, const std::string& out, bool held) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    auto status_kib = [](const char* key) {
+      std::ifstream in("/proc/self/status");
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key)));
+      }
+      return -1ll;
+    };
+    std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS
+    const long long before = status_kib("VmRSS:");
+    ChildRun r;
+    if (held) {
+      r.tokens = tokenize_documents(read_corpus(corpus), tok, out);
+    } else {
+      r.tokens = tokenize_corpus(corpus, tok, out).tokens;
+    }
+    r.rss_growth = (status_kib("VmHWM:") - before) * 1024;
+    if (::write(fds[1], &r, sizeof(r)) != static_cast<ssize_t>(sizeof(r))) ::_exit(3);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  ChildRun r;
+  const bool got = ::read(fds[0], &r, sizeof(r)) == static_cast<ssize_t>(sizeof(r));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(got && WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child failed";
+  return r;
+}
+
+}  // namespace
+
+// Memory flat in corpus size: a one-line corpus of N and of 4N bytes (the same text four times)
+// gives 4x the tokens while the tokenizing process's peak RSS grows by less than 2 MiB more. The
+// same corpora held in memory grow by more than the 3N bytes of text added, so the measure sees it.
+TEST(Corpus, TokenizingMemoryIsFlatInCorpusSize) {
+  const std::string d = dir("flat");
+  const size_t n = size_t(2) << 20;  // 2 MiB
+  const std::string text = words_text(n, 7);
+  std::string four;
+  for (int i = 0; i < 4; ++i) four += text;
+  ::mkdir((d + "/n").c_str(), 0755);
+  ::mkdir((d + "/4n").c_str(), 0755);
+  std::ofstream(d + "/n/c", std::ios::binary) << text;
+  std::ofstream(d + "/4n/c", std::ios::binary) << four;
+  const Tokenizer tok = small_tokenizer("flat_tok");
+  const ChildRun small = tokenize_in_child(d + "/n", tok, d + "/n.tokens", false);
+  const ChildRun big = tokenize_in_child(d + "/4n", tok, d + "/4n.tokens", false);
+  // Four copies joined at a space: the words' tokens four times, one EOS.
+  EXPECT_EQ(big.tokens - 1, 4 * (small.tokens - 1));
+  EXPECT_EQ(token_file_ids(d + "/4n.tokens").size(), static_cast<size_t>(big.tokens));
+  RecordProperty("rss_growth_n", std::to_string(small.rss_growth));
+  RecordProperty("rss_growth_4n", std::to_string(big.rss_growth));
+  const int64_t bound = int64_t(2) << 20;
+  EXPECT_LT(big.rss_growth - small.rss_growth, bound)
+      << "peak RSS growth " << small.rss_growth << " B for " << n << " B, " << big.rss_growth << " B for " << 4 * n << " B";
+  EXPECT_LT(big.rss_growth, 2 * bound) << big.rss_growth;
+  const ChildRun small_held = tokenize_in_child(d + "/n", tok, d + "/n_held.tokens", true);
+  const ChildRun big_held = tokenize_in_child(d + "/4n", tok, d + "/4n_held.tokens", true);
+  RecordProperty("rss_growth_held_n", std::to_string(small_held.rss_growth));
+  RecordProperty("rss_growth_held_4n", std::to_string(big_held.rss_growth));
+  EXPECT_GT(big_held.rss_growth - small_held.rss_growth, static_cast<int64_t>(3 * n));
+  EXPECT_TRUE(token_file_ids(d + "/4n_held.tokens") == token_file_ids(d + "/4n.tokens"));
 }

@@ -1,5 +1,7 @@
 // The JSON writer escapes strings and never writes NaN; atomic writes replace the whole file.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
@@ -36,4 +38,41 @@ TEST(AtomicFile, ReplacesTheWholeFile) {
   got << in.rdbuf();
   EXPECT_EQ(got.str(), "second");
   EXPECT_THROW(frugal::io::write_file_atomic("/nonexistent-dir/x.json", "x"), std::runtime_error);
+}
+
+// Pieces appended, a header overwritten in place, a tail taken back: the target sees only the
+// committed whole; a writer dropped before commit leaves the old file and no temporary.
+TEST(AtomicFile, WriterOverwritesAndTruncatesBeforeCommit) {
+  const std::string dir = ::testing::TempDir() + "/frugal_atomic_writer";
+  ::mkdir(dir.c_str(), 0755);
+  const std::string path = dir + "/f.bin";
+  auto read = [&] {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream got;
+    got << in.rdbuf();
+    return got.str();
+  };
+  frugal::io::write_file_atomic(path, "old");
+  {
+    frugal::io::AtomicFileWriter w(path);
+    w.write("HEAD-body-", 10);
+    w.write("dropped tail", 12);
+    w.truncate(10);
+    w.write("end", 3);
+    w.write_at(0, "head", 4);
+    EXPECT_EQ(read(), "old");
+    w.commit();
+  }
+  EXPECT_EQ(read(), "head-body-end");
+  {
+    frugal::io::AtomicFileWriter w(path);
+    w.write("never committed", 15);
+  }
+  EXPECT_EQ(read(), "head-body-end");
+  int entries = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) entries += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  EXPECT_EQ(entries, 1);
 }

@@ -6,8 +6,7 @@
 // batches are random windows drawn from a generator seeded by (seed, step), so a resumed run sees
 // exactly the batches it would have seen.
 //
-//   auto docs = frugal::data::read_corpus("/usr/share/games/fortunes");
-//   frugal::data::write_token_file("out/fortunes.tokens", tokens, tokenizer.vocab_size());
+//   auto made = frugal::data::tokenize_corpus("/usr/share/games/fortunes", tokenizer, "out/fortunes.tokens");
 //   frugal::data::TokenDataset ds("out/fortunes.tokens", /*val_fraction=*/0.05);
 //   auto [x, y] = ds.train_batch(/*step=*/7, /*batch=*/16, /*seq=*/128, /*seed=*/0);   // (16, 128) each
 #pragma once
@@ -26,15 +25,25 @@
 namespace frugal {
 namespace data {
 
-// Throws std::invalid_argument when the path does not exist, a file or folder in it cannot be read,
-// or it holds no text. Each real folder is visited once (symlink loops end).
+// Every document, in memory (for tokenizer training). Throws std::invalid_argument when the path
+// does not exist, a file or folder in it cannot be read, or it holds no text. Each real folder is
+// visited once (symlink loops end). A document of whitespace only is none.
 std::vector<std::string> read_corpus(const std::string& path);
 
-// Tokenizes every document (each followed by EOS) and writes the token file atomically. Long
-// documents are encoded in pieces of about piece_bytes, split at whitespace, so the encoder's
-// memory does not grow with a line's length. Returns the number of tokens.
-int64_t tokenize_corpus(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path,
-                        size_t piece_bytes = 1 << 16);
+struct CorpusTokens {
+  int64_t documents = 0, tokens = 0;
+};
+
+// Tokenizes every document of the corpus at corpus_path (the documents read_corpus returns, each
+// followed by EOS) into the token file at `path`, written atomically. The text is streamed: it is
+// read in 64 KiB pieces, encoded in pieces of about piece_bytes split at whitespace (the tokens of
+// one call over the whole document), and the tokens go to the file in bounded pieces, so memory
+// does not grow with the corpus or with a line's length. Throws as read_corpus does.
+CorpusTokens tokenize_corpus(const std::string& corpus_path, const Tokenizer& tokenizer, const std::string& path,
+                             size_t piece_bytes = 1 << 16);
+// The same for documents in memory (every one tokenized); returns the number of tokens.
+int64_t tokenize_documents(const std::vector<std::string>& documents, const Tokenizer& tokenizer, const std::string& path,
+                           size_t piece_bytes = 1 << 16);
 
 // Format: "FRUGALTK", u32 version 1, u32 bytes per token (4), u64 vocabulary size, u64 count,
 // then count little-endian int32 tokens.
