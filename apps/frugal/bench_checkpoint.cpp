@@ -1,5 +1,7 @@
 // frugal bench checkpoint — time and kept-activation ratios of each checkpointing policy against
 // none, and the budget planner's plans at 25%, 50% and 75% of the plain activation peak.
+#include <ATen/Parallel.h>
+
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -45,6 +47,7 @@ int bench_checkpoint(int argc, char** argv) {
   w.key("config").begin_object()
       .key("layers").value(config.layers).key("width").value(config.width).key("heads").value(config.heads)
       .key("batch").value(config.batch).key("seq").value(config.seq).key("runs").value(config.timing_runs)
+      .key("threads").value(at::get_num_threads())
       .end_object();
   w.key("variants").begin_object();
   for (const auto& v : r.variants) {

@@ -1,5 +1,7 @@
 // frugal bench chunked-loss — peak memory and time of the chunked cross-entropy against
 // Linear + cross_entropy, and how far apart their gradients are.
+#include <ATen/Parallel.h>
+
 #include <cstdio>
 #include <sstream>
 
@@ -41,6 +43,7 @@ int bench_chunked_loss(int argc, char** argv) {
   w.key("config").begin_object()
       .key("tokens").value(config.tokens).key("hidden").value(config.hidden).key("vocab").value(config.vocab)
       .key("chunk").value(config.chunk).key("device").value(config.device.str())
+      .key("runs").value(config.timing_runs).key("threads").value(at::get_num_threads())
       .end_object();
   w.key("peak_bytes_plain").value(r.peak_bytes_plain);
   w.key("peak_bytes_chunked").value(r.peak_bytes_chunked);

@@ -1,5 +1,7 @@
 // frugal bench optim-in-backward — peak memory and time of a training step with the optimizer
 // step fused into backward, against the standard step.
+#include <ATen/Parallel.h>
+
 #include <cstdio>
 #include <sstream>
 
@@ -43,6 +45,7 @@ int bench_optim_in_backward(int argc, char** argv) {
       .key("layers").value(c.layers).key("width").value(c.width).key("heads").value(c.heads)
       .key("batch").value(c.batch).key("seq").value(c.seq).key("policy").value(c.policy)
       .key("optimizer").value("adamw").key("device").value(c.device.str())
+      .key("runs").value(c.timing_runs).key("threads").value(at::get_num_threads())
       .end_object();
   w.key("param_bytes").value(r.param_bytes);
   w.key("adamw_state_bytes").value(r.state_bytes);
