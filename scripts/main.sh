@@ -5,8 +5,11 @@
 # checkpoints and metrics go to out/default/. Then the memory account of a Transformer stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian's LibTorch 1.13 by default (the quicker install); FRUGAL_LIBTORCH=wheel uses LibTorch 2.x from
+# the pinned PyPI torch wheel instead (scripts/setup_torch2.sh, about 5 GB), built into build-torch2/.
 bash scripts/setup.sh
 bash scripts/build.sh
+dir=build; [ "${FRUGAL_LIBTORCH:-debian}" = wheel ] && dir=build-torch2
 mkdir -p out
-./build/frugal train default "$@"
-./build/frugal account --json-out out/account.json
+"./$dir/frugal" train default "$@"
+"./$dir/frugal" account --json-out out/account.json

@@ -80,7 +80,7 @@ int bench_optim_state(int argc, char** argv) {
     int64_t n = 0;
     for (int64_t m = 0; m < matrices; ++m) {
       at::Tensor w = at::randn({m + 1 == matrices ? last_rows : width, width}).requires_grad_();
-      named.insert("w" + std::to_string(m), w);
+      named.insert(std::string("w").append(std::to_string(m)), w);  // not "w" + to_string: GCC 12 warns falsely (-Wrestrict)
       n += w.numel();
     }
     optim::Optimizer opt(named, optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(

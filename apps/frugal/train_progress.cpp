@@ -95,7 +95,7 @@ std::string format_bar(const train::StepProgress& p, int columns) {
   if (fields[0].rank > 0) {
     const int cells = std::min(kMaxBar, room - static_cast<int>(join(1).size()) - 2) - 2;
     const int filled = static_cast<int>(cells * p.step / std::max<int64_t>(1, p.total_steps));
-    fields[0].text = "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(cells - filled), '.') + "]";
+    fields[0].text = std::string("[").append(static_cast<size_t>(filled), '#').append(static_cast<size_t>(cells - filled), '.').append("]");
   }
   const std::string line = join(0);
   return line.substr(0, static_cast<size_t>(room));

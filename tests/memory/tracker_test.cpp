@@ -278,7 +278,7 @@ void run_steps(const std::shared_ptr<memory::Tracker>& tracker, optim::Mode mode
     m = std::make_unique<TinyModel>(3);
   }
   torch::OrderedDict<std::string, at::Tensor> named;
-  for (size_t i = 0; i < m->params.size(); ++i) named.insert("p" + std::to_string(i), m->params[i]);
+  for (size_t i = 0; i < m->params.size(); ++i) named.insert(std::string("p").append(std::to_string(i)), m->params[i]);
   optim::Optimizer opt(named, optim::OptimizerOptions().lr(1e-3).mode(mode));
   const auto policy = checkpoint::CheckpointPolicy::parse(policy_name);
   for (int step = 0; step < steps; ++step) {
