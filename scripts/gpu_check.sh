@@ -6,6 +6,8 @@
 #   bash scripts/gpu_check.sh                 # writes out/gpu-check/summary.json and prints a table
 #   bash scripts/gpu_check.sh --no-build      # reuse build-gpu/ as it is
 #   bash scripts/gpu_check.sh --build-dir D   # build (or reuse) D instead of build-gpu/
+#   bash scripts/gpu_check.sh --rehearse      # without a GPU: every step anyway, to check the script
+#                                             # (the CUDA tests skip, the GPU run is refused; exit 1)
 #
 # 1. Needs: python3 with torch (CUDA build) and a GPU it sees, cmake, a C++ compiler, nvcc (the CUDA
 #    toolkit LibTorch's CMake files enable), pkg-config, SentencePiece, yaml-cpp and GoogleTest
@@ -24,11 +26,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-gpu
 do_build=1
+rehearse=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) do_build=0 ;;
+    --rehearse) rehearse=1 ;;
     --build-dir) build="$2"; shift ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --build-dir DIR)" >&2; exit 2 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --build-dir DIR, --rehearse)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -46,9 +50,14 @@ torch_info=$(python3 -c 'import torch, sys; print(torch.__version__, torch.versi
   fail "python3 -c 'import torch' fails: install PyTorch 2.x (a CUDA build) for this python3"
 read -r torch_version torch_cuda gpu_seen torch_prefix <<<"$torch_info"
 [ -n "$torch_cuda" ] || fail "PyTorch $torch_version is a CPU-only build; the check needs a CUDA build"
-[ "$gpu_seen" = True ] || fail "PyTorch $torch_version (CUDA $torch_cuda) sees no GPU (torch.cuda.is_available() is False)"
-arch=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}{n}")')
-gpu_name=$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))')
+if [ "$gpu_seen" = True ]; then
+  arch=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}{n}")')
+  gpu_name=$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))')
+elif [ "$rehearse" = 1 ]; then
+  arch=90 gpu_name="no GPU (rehearsal)"
+else
+  fail "PyTorch $torch_version (CUDA $torch_cuda) sees no GPU (torch.cuda.is_available() is False)"
+fi
 echo "PyTorch $torch_version (CUDA $torch_cuda) on $gpu_name (sm_$arch); LibTorch's CMake files in $torch_prefix"
 if [ "$do_build" = 1 ]; then
   nvcc_bin=$(command -v nvcc || true)
@@ -109,7 +118,7 @@ fi
 run_dir="$out/run"
 rm -rf "$run_dir"
 free_gib=$(df -Pk "$out" | awk 'NR==2 {print int($4 / 1048576)}')
-[ "$free_gib" -ge 45 ] || fail "only $free_gib GiB free under $out: the run's checkpoint (weights and bf16 state of 7B parameters) needs about 40 GiB"
+[ "$free_gib" -ge 45 ] || [ "$rehearse" = 1 ] || fail "only $free_gib GiB free under $out: the run's checkpoint (weights and bf16 state of 7B parameters) needs about 40 GiB"
 recipe=(llama2-7b train.out_dir="$run_dir" data.corpus="$corpus" train.eval_batches=1 train.sample_tokens=0 --progress lines)
 "$build/frugal" train "${recipe[@]}" --dry-run --json-out "$out/dry-run.json" >"$out/dry-run.log" 2>&1 ||
   fail "the dry run refused the recipe: $(tail -1 "$out/dry-run.log")"

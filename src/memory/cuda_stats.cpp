@@ -22,7 +22,9 @@ CudaMemoryStats cuda_memory_stats(int device_index) {
   CudaMemoryStats s;
   if (!device_exists(device_index, s.unavailable_reason)) return s;
   const auto stats = alloc::getDeviceStats(static_cast<c10::DeviceIndex>(device_index));
-  const auto all = static_cast<size_t>(alloc::StatType::AGGREGATE);
+  // StatType::AGGREGATE (every pool) is entry 0; the enum moved namespaces in 2.x (c10::CachingAllocator
+  // now), so it is not named here.
+  const size_t all = 0;
   s.available = true;
   s.allocated_bytes = stats.allocated_bytes[all].current;
   s.peak_allocated_bytes = stats.allocated_bytes[all].peak;
