@@ -14,6 +14,7 @@
 #include "frugal/bench/hardware.h"
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/json.h"
+#include "frugal/memory/cuda_stats.h"
 #include "frugal/io/units.h"
 #include "frugal/memory/process.h"
 #include "frugal/memory/trace.h"
@@ -311,6 +312,14 @@ int run_train(int argc, char** argv) {
           << " resident = " << io::human_bytes(end.anon) << " anonymous (the tracker's " << io::human_bytes(result.tracked_after_steps)
           << " of tensors, the rest the C++ heap and its free space, oneDNN and OpenMP scratch) + " << io::human_bytes(end.file)
           << " of mapped files (code, LibTorch's libraries, the token file, mapped optimizer state)\n";
+  // On a GPU, the caching allocator's own peaks since the process started (model build and every
+  // step): the figures torch.cuda.max_memory_allocated() / max_memory_reserved() give.
+  const memory::CudaMemoryStats gpu = recipe.device.is_cuda() ? memory::cuda_memory_stats(recipe.device.has_index() ? recipe.device.index() : 0)
+                                                              : memory::CudaMemoryStats{};
+  if (gpu.available) {
+    summary << "CUDA caching allocator: peak allocated " << io::human_bytes(gpu.peak_allocated_bytes) << ", peak reserved "
+            << io::human_bytes(gpu.peak_reserved_bytes) << " (since the process started)\n";
+  }
   const train::StepTiming step = median_timing(result.timings);
   int64_t faults = 0;  // major page faults of every step run here: mapped state read back from disk, among others
   for (const train::StepTiming& t : result.timings) faults += t.major_faults;
@@ -352,6 +361,9 @@ int run_train(int argc, char** argv) {
     w.key("last_step").value(result.peak.covers_last_step).end_object();
     w.key("peak_step").value(result.peak.peak_step).key("peak_phase").value(memory::phase_name(result.peak.peak_phase));
     w.key("peak_rss_bytes").value(proc.peak_rss);
+    if (gpu.available) {
+      w.key("cuda_peak_allocated_bytes").value(gpu.peak_allocated_bytes).key("cuda_peak_reserved_bytes").value(gpu.peak_reserved_bytes);
+    }
     w.key("step_time_s").value(step.total_s).key("step_time_breakdown_s").begin_object();
     w.key("forward").value(step.forward_s).key("backward_with_recompute").value(step.backward_s);
     w.key("optimizer").value(step.optimizer_s).key("state_io").value(step.state_io_s).end_object();

@@ -521,7 +521,14 @@ int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device d
   const bool buffered = uses_buffered_state(dtype, o.state(), o.stochastic_rounding());
   if (!buffered) return 2 * numel * e;
   const StatePrecision p = effective_precision(numel, o.state());
-  if ((p == StatePrecision::int8 || p == StatePrecision::int4) && uses_fused_cpu_kernel(dtype, device)) return 0;
+  if ((p == StatePrecision::int8 || p == StatePrecision::int4) && uses_fused_kernel(dtype, device)) {
+    // On a GPU with the state off it, the CUDA kernel holds one chunk's codes and scales of both
+    // moments on the device; otherwise nothing.
+    if (device.is_cpu() || o.state().placement() == StatePlacement::device) return 0;
+    StateOptions on_device = o.state();
+    on_device.placement(StatePlacement::device);
+    return 2 * state_buffer_bytes(std::min(numel, o.state().chunk_elements()), on_device).total;
+  }
   // fp32 chunks: parameter, gradient, m, v, the update, and the noise of stochastic rounding (measured: 23 B a value)
   return std::min(numel, o.state().chunk_elements()) * 24;
 }

@@ -72,9 +72,7 @@ namespace {
 
 // The maps and their midpoints, made once per (signedness, bits, device) and shared by all buffers
 // (code_table_bytes counts them).
-struct SharedMap {
-  at::Tensor map, boundaries, lut, lut_boundaries;
-};
+using SharedMap = CodeTables;
 
 // Shared while some buffer (or an optimizer's retain_code_tables) holds them; freed with the last,
 // so every run counts its own tables.
@@ -104,7 +102,7 @@ std::shared_ptr<const SharedMap> shared_map(bool is_signed, int bits, at::Device
     const at::Tensor lut = at_low.to(at::kByte);
     // The midpoints and +inf after them: the comparison needs no bounds check for the last code.
     const at::Tensor lut_boundaries = at::cat({boundaries, at::full({1}, std::numeric_limits<float>::infinity())});
-    entry = {map.to(device), boundaries.to(device), lut, lut_boundaries};
+    entry = {map.to(device), boundaries.to(device), lut.to(device), lut_boundaries.to(device)};
     // Constant tables shared by every buffer of the process: not any one optimizer's state.
     for (const at::Tensor* t : {&entry.map, &entry.boundaries, &entry.lut, &entry.lut_boundaries}) {
       memory::tag(*t, memory::Category::other);
@@ -118,6 +116,11 @@ std::shared_ptr<const SharedMap> shared_map(bool is_signed, int bits, at::Device
 
 std::shared_ptr<const void> retain_code_tables(bool is_signed, int bits, at::Device device) {
   TORCH_CHECK(bits == 8 || bits == 4, "retain_code_tables: bits must be 8 or 4");
+  return shared_map(is_signed, bits, device);
+}
+
+std::shared_ptr<const CodeTables> code_tables(bool is_signed, int bits, at::Device device) {
+  TORCH_CHECK(bits == 8 || bits == 4, "code_tables: bits must be 8 or 4");
   return shared_map(is_signed, bits, device);
 }
 

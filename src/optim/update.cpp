@@ -49,10 +49,13 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
   at::Tensor p_flat = param.view({-1});
   const at::Tensor g_flat = grad.reshape({-1});
   const bool fp32_param = param.scalar_type() == at::kFloat;
-  // 8- and 4-bit moments of a CPU parameter in fp32 or bf16: the fused kernel (one pass per block,
-  // no temporaries; bf16 is widened and rounded back inside it).
+  // 8- and 4-bit moments of a parameter in fp32 or bf16 on the CPU, or on a GPU in a CUDA build:
+  // the fused kernel (one pass per block, no fp32 temporaries; bf16 is widened and rounded back
+  // inside it). On a GPU the state may live in host memory or a mapped file: the CUDA kernel copies
+  // each chunk's codes and scales over and back.
   QuantizedBuffer *qm = state.m->quantized(), *qv = state.v->quantized();
-  if (qm && qv && uses_fused_cpu_kernel(param.scalar_type(), param.device()) && qm->codes().device().is_cpu()) {
+  const bool cpu = param.device().is_cpu();
+  if (qm && qv && uses_fused_kernel(param.scalar_type(), param.device()) && (!cpu || qm->codes().device().is_cpu())) {
     const AdamStep step{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2,
                         h.algorithm == Algorithm::adamw};
     Bf16Rounding rounding;
@@ -66,8 +69,12 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     for (int64_t b = 0; b < n; b += chunk) {
       const int64_t e = std::min(n, b + chunk);
       const at::Tensor g = g_flat.narrow(0, b, e - b);
-      adam_step_quantized_cpu(step, p_flat.narrow(0, b, e - b), kernel_dtype ? g.contiguous() : g.to(at::kFloat).contiguous(),
-                              *qm, *qv, b, e, rounding);
+      const at::Tensor g_chunk = kernel_dtype ? g.contiguous() : g.to(at::kFloat).contiguous();
+      if (cpu) {
+        adam_step_quantized_cpu(step, p_flat.narrow(0, b, e - b), g_chunk, *qm, *qv, b, e, rounding);
+      } else {
+        state.m->add_transfer_seconds(adam_step_quantized_cuda(step, p_flat.narrow(0, b, e - b), g_chunk, *qm, *qv, b, e, rounding));
+      }
     }
     return;
   }

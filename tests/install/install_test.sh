@@ -16,7 +16,9 @@ for f in include/frugal/models/decoder.h lib/libfrugal.a lib/frugal/libfrugal_sp
 done
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >"$tmp/log" 2>&1 ||
+# The LibTorch the build used (CMAKE_PREFIX_PATH in its cache, e.g. PyPI's wheel), after the install.
+torch_path=$(sed -n 's/^CMAKE_PREFIX_PATH:[A-Z]*=//p' "$build/CMakeCache.txt")
+cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix${torch_path:+;$torch_path}" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >"$tmp/log" 2>&1 ||
   fail "configuring a project with find_package(frugal)"
 cmake --build "$tmp/consumer" -j2 >"$tmp/log" 2>&1 || fail "building against frugal::frugal"
 mkdir -p "$tmp/run"

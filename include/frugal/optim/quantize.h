@@ -29,6 +29,12 @@ int64_t code_table_bytes(int bits);
 // Makes the tables now (if no buffer holds them yet) and keeps them alive with the handle: an
 // optimizer builds them at construction, so no training step pays their transient work.
 std::shared_ptr<const void> retain_code_tables(bool is_signed, int bits, at::Device device);
+// The tables of one (signedness, bits) code map on one device, as every buffer there shares them:
+// the map, its midpoints, the encode table and the midpoints with +inf (see QuantizedBuffer::lut).
+struct CodeTables {
+  at::Tensor map, boundaries, lut, lut_boundaries;
+};
+std::shared_ptr<const CodeTables> code_tables(bool is_signed, int bits, at::Device device);
 
 class QuantizedBuffer {
  public:
@@ -68,8 +74,8 @@ class QuantizedBuffer {
   int bits_ = 8;
   bool signed_ = true;
   at::Tensor map_, boundaries_;  // the code map and the midpoints between its entries
-  at::Tensor lut_;               // uint8 (131072), CPU: see lut()
-  at::Tensor lut_boundaries_;    // fp32 (levels), CPU: the midpoints, then +inf
+  at::Tensor lut_;               // uint8 (131072), on the buffer's device: see lut()
+  at::Tensor lut_boundaries_;    // fp32 (levels), on the buffer's device: the midpoints, then +inf
   at::Tensor codes_, absmax_;
   std::shared_ptr<const void> tables_;  // keeps the shared tables alive while this buffer is
 };
@@ -113,6 +119,21 @@ struct Bf16Rounding {
 void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
                              QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding,
                              QuantKernel kernel = QuantKernel::automatic);
+
+// Whether this build has the CUDA kernel below: CMake compiles quantize_cuda.cu against a CUDA
+// build of LibTorch, and a stub that refuses the call otherwise.
+bool cuda_kernels_built();
+
+// The same step on a CUDA parameter (p, g: contiguous fp32 or bf16 CUDA tensors of end - begin
+// elements), one CUDA thread block per quantization block (blocks of 32 to 256 values, a multiple
+// of 32). It gives the CPU kernel's bits: the same fp32 operations in the same order, compiled
+// without contraction into fused multiply-adds and with IEEE division and square root, the same
+// code tables and tie-breaking, the same bf16 rounding and noise. State on p's device is updated
+// in place; state elsewhere (host memory, mapped files) has the range's codes and scales copied to
+// the device, updated there and copied back, so only codes cross the bus, never fp32 moments.
+// Returns the seconds spent on those copies (0 for state on the device).
+double adam_step_quantized_cuda(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
+                                QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding);
 
 }  // namespace optim
 }  // namespace frugal

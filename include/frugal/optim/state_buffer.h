@@ -93,6 +93,8 @@ class StateBuffer {
   // Seconds load() and store() have spent moving chunks between the state's place and the
   // parameter's device (host or mapped state of a GPU parameter); 0 when both are the same.
   double transfer_seconds() const { return transfer_seconds_; }
+  // Time a fused kernel spent moving this state's codes (adam_step_quantized_cuda's copies).
+  void add_transfer_seconds(double seconds) { transfer_seconds_ += seconds; }
 
  private:
   at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device);

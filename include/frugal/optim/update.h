@@ -33,10 +33,12 @@ inline bool uses_buffered_state(at::ScalarType param_dtype, const StateOptions& 
          (stochastic_rounding && param_dtype == at::kBFloat16);
 }
 
-// Whether a parameter of this dtype and device, with 8- or 4-bit moments, takes the fused CPU
-// kernel (quantize.h), which makes no temporaries; other buffered updates work a chunk in fp32.
-inline bool uses_fused_cpu_kernel(at::ScalarType param_dtype, at::Device device) {
-  return device.is_cpu() && (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
+// Whether a parameter of this dtype and device, with 8- or 4-bit moments, takes a fused kernel
+// (quantize.h: the CPU one, or the CUDA one in a CUDA build), which makes no fp32 temporaries;
+// other buffered updates work a chunk in fp32 with ATen operations.
+inline bool uses_fused_kernel(at::ScalarType param_dtype, at::Device device) {
+  return (device.is_cpu() || (device.is_cuda() && cuda_kernels_built())) &&
+         (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
 }
 
 struct Hyper {
