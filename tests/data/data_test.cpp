@@ -401,7 +401,8 @@ TEST(Corpus, TokenizingMemoryIsFlatInCorpusSize) {
   const int64_t bound = int64_t(2) << 20;
   EXPECT_LT(big.rss_growth - small.rss_growth, bound)
       << "peak RSS growth " << small.rss_growth << " B for " << n << " B, " << big.rss_growth << " B for " << 4 * n << " B";
-  EXPECT_LT(big.rss_growth, 2 * bound) << big.rss_growth;
+  // No absolute bound: the fixed part (SentencePiece's and the allocator's working memory) was 2.3 MB
+  // on a quiet machine and 11 MB under ctest -j2 with other builds running; flatness is the claim.
   const ChildRun small_held = tokenize_in_child(d + "/n", tok, d + "/n_held.tokens", true);
   const ChildRun big_held = tokenize_in_child(d + "/4n", tok, d + "/4n_held.tokens", true);
   RecordProperty("rss_growth_held_n", std::to_string(small_held.rss_growth));
