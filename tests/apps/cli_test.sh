@@ -126,7 +126,7 @@ if "$frugal" --version | grep -q "LibTorch 1\."; then
   if [ ! -e "$tmp/sdpa" ]; then pass=$((pass + 1)); else echo "FAIL: a refused sdpa run made $tmp/sdpa"; failed=$((failed + 1)); fi
 else
   kernels="explicit,sdpa"
-  expect 0 "estimated peak" -- train tiny model.attention=sdpa --dry-run
+  expect 0 "estimated peak" -- train tiny model.attention=sdpa model.vocab_size=512 --dry-run
 fi
 if python3 - "$tmp/a.json" "$kernels" <<'PY'
 import json, sys

@@ -277,13 +277,26 @@ TEST(Decoder, SdpaKeptBytesEqualTheFormula) {
       const int64_t B = 2, T = 48;
       const auto a = models::decoder_activation_bytes(c, B, T, dtype, models::LossOptions());
       EXPECT_EQ(measured_block_kept(c, B, T, dtype), a.block_plain);
-      // not vacuous: the explicit kernel keeps the (B, H, T, T) probabilities on top
+      // the explicit kernel's formula has the (B, H, T, T) probabilities on top
       auto e = c;
       e.attention = models::AttentionKernel::explicit_softmax;
       const auto ae = models::decoder_activation_bytes(e, B, T, dtype, models::LossOptions());
       EXPECT_EQ(ae.block_plain - a.block_plain,
                 B * c.n_heads * T * (T * static_cast<int64_t>(c10::elementSize(dtype)) - 4));
-      EXPECT_EQ(measured_block_kept(e, B, T, dtype), ae.block_plain);
+    }
+  }
+}
+
+// The explicit kernel's block keeps exactly block_plain too (the probabilities, the rotary tables,
+// the norms' statistics), on every LibTorch.
+TEST(Decoder, ExplicitKeptBytesEqualTheFormula) {
+  for (const char* arch : {"llama", "gpt2"}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(std::string(arch) + " " + c10::toString(dtype));
+      auto c = tiny(arch);
+      c.n_layers = 1;
+      const int64_t B = 2, T = 48;
+      EXPECT_EQ(measured_block_kept(c, B, T, dtype), models::decoder_activation_bytes(c, B, T, dtype, models::LossOptions()).block_plain);
     }
   }
 }
