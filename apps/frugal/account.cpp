@@ -46,6 +46,18 @@ void write_account_table(const bench::AccountResult& r, std::ostream& out) {
         << std::setw(10) << ratio << std::setw(12) << time << std::setw(10) << tratio << std::setw(16) << diff
         << "\n";
   }
+  out << "\n" << std::left << std::setw(20) << "attention" << std::right << std::setw(14) << "kept" << std::setw(14)
+      << "predicted" << std::setw(10) << "ratio" << std::setw(12) << "fwd+bwd" << std::setw(16) << "vs explicit" << "\n";
+  for (const auto& a : r.attentions) {
+    char ratio[32], time[32], diff[32];
+    std::snprintf(ratio, sizeof(ratio), "%.4f", a.measured_over_predicted());
+    std::snprintf(time, sizeof(time), a.time_s ? "%.1f ms" : "-", a.time_s ? *a.time_s * 1e3 : 0.0);
+    std::snprintf(diff, sizeof(diff), "%.2e", a.max_grad_diff);
+    out << std::left << std::setw(20) << models::attention_kernel_name(a.kernel) << std::right << std::setw(14)
+        << io::human_bytes(a.saved_bytes) << std::setw(14) << io::human_bytes(a.predicted_saved_bytes) << std::setw(10)
+        << ratio << std::setw(12) << time << std::setw(16) << diff << "\n";
+  }
+  out << "  (no checkpointing; kept = measured bytes between forward and backward, vs explicit = max grad diff)\n";
   char mop[64];
   std::snprintf(mop, sizeof(mop), "%.4f", r.measured_over_predicted());
   if (r.optimizer_modes) {
@@ -96,7 +108,8 @@ int run_account(int argc, char** argv) {
   Args args("account",
             "Measure parameter, gradient and AdamW-state bytes of a stack of pre-LN Transformer blocks, and\n"
             "the activation bytes kept for backward with no checkpointing, full, every second block and\n"
-            "selective checkpointing, against a per-layer formula. With --budget, also plans which blocks\n"
+            "selective checkpointing, against a per-layer formula, and without checkpointing with each attention\n"
+            "kernel the build has (explicit; sdpa on LibTorch 2.x). With --budget, also plans which blocks\n"
             "to checkpoint to fit an activation budget and measures the plan. Prints a table (and JSON with --json-out).");
   add_stack_flags(args, config);
   args.add_int("seed", &seed, "random seed", 0);

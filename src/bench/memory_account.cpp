@@ -38,6 +38,10 @@ struct Stack {
 // How a variant runs the chain: x (B, T, d) -> (B, T, d)
 using Runner = std::function<at::Tensor(const at::Tensor&)>;
 
+void set_attention(const Stack& stack, models::AttentionKernel kernel) {
+  for (models::PreLNBlock b : stack.blocks) b->set_attention(kernel);  // a holder: shares the module
+}
+
 void clear_grads(const std::vector<at::Tensor>& params) {
   for (const at::Tensor& p : params) {
     // mutable_grad() hands out a reference to the gradient slot; resetting it frees the buffer.
@@ -114,7 +118,18 @@ std::string validate(const AccountConfig& c) {
     return "device " + c.device.str() + " is not available: this machine or LibTorch build has no CUDA device";
   }
   if (c.timing_runs < 1 || c.timing_warmup < 0) return "timing needs at least one run";
+  if (c.attentions.empty() || c.attentions.front() != models::AttentionKernel::explicit_softmax) {
+    return "the attention kernels must start with explicit (the reference run)";
+  }
+  for (models::AttentionKernel k : c.attentions) {
+    const std::string why = models::attention_kernel_unavailable(k);
+    if (!why.empty()) return std::string("attention ") + models::attention_kernel_name(k) + " " + why;
+  }
   return "";
+}
+
+double AttentionResult::measured_over_predicted() const {
+  return predicted_saved_bytes > 0 ? static_cast<double>(saved_bytes) / static_cast<double>(predicted_saved_bytes) : 0;
 }
 
 const VariantResult* AccountResult::find(const std::string& name) const {
@@ -264,6 +279,33 @@ AccountResult run_memory_account(const AccountConfig& config,
       result.variants.push_back(v);
       runs.emplace_back(name, runner);
     }
+
+    // (h) each attention kernel without checkpointing: explicit is the plain run above; another
+    // kernel runs the same blocks, weights and input.
+    for (models::AttentionKernel kernel : config.attentions) {
+      AttentionResult a;
+      a.kernel = kernel;
+      a.predicted_saved_bytes = models::predicted_saved_bytes(L, B, T, d, config.heads, 4, kernel);
+      if (kernel == models::AttentionKernel::explicit_softmax) {
+        a.saved_bytes = plain.kept_bytes;
+      } else {
+        const std::string name = std::string("attention ") + models::attention_kernel_name(kernel);
+        say("measuring " + name);
+        // The kernel is read in forward only, so the blocks go back to explicit once it has run.
+        Runner runner = [&stack, kernel](const at::Tensor& in) {
+          set_attention(stack, kernel);
+          at::Tensor y = checkpoint::run_chain(stack.chain, in, checkpoint::CheckpointPolicy::none());
+          set_attention(stack, models::AttentionKernel::explicit_softmax);
+          return y;
+        };
+        tracker->label(name);
+        const StepMeasure m = measure_step(*tracker, stack, x, runner);
+        a.saved_bytes = m.kept_bytes;
+        a.max_grad_diff = max_abs_diff(m.grads, plain.grads);
+        runs.emplace_back(name, runner);
+      }
+      result.attentions.push_back(a);
+    }
   }
 
   // (c) forward+backward time, without the tracker (its bookkeeping would be timed too)
@@ -280,13 +322,18 @@ AccountResult run_memory_account(const AccountConfig& config,
         if (r >= config.timing_warmup) seconds.push_back(s);
       }
       const double t = median(seconds);
-      if (i < result.budgets.size()) {
+      // runs: the budgets' plans, the variants, then the attention kernels after explicit
+      const size_t nb = result.budgets.size(), nv = result.variants.size();
+      if (i < nb) {
         result.budgets[i].time_s = t;
+      } else if (i < nb + nv) {
+        result.variants[i - nb].time_s = t;
       } else {
-        result.variants[i - result.budgets.size()].time_s = t;
+        result.attentions[i - nb - nv + 1].time_s = t;
       }
     }
     clear_grads(stack.params);
+    if (const VariantResult* none = result.find("none")) result.attentions.front().time_s = none->time_s;
   }
 
   // (g) the optimizer step after backward vs inside it
@@ -318,6 +365,17 @@ void write_by_variant(io::JsonWriter& w, const std::string& key, const AccountRe
   for (const auto& v : r.variants) {
     w.key(v.name);
     value(v);
+  }
+  w.end_object();
+}
+
+// {"explicit": <value>, "sdpa": <value>} in config.attentions order
+template <typename F>
+void write_by_attention(io::JsonWriter& w, const std::string& key, const AccountResult& r, F value) {
+  w.key(key).begin_object();
+  for (const auto& a : r.attentions) {
+    w.key(models::attention_kernel_name(a.kernel));
+    value(a);
   }
   w.end_object();
 }
@@ -361,6 +419,19 @@ void write_account_json(const AccountResult& r, std::ostream& out) {
   w.key("max_grad_diff").value(r.max_grad_diff());
   w.key("predicted_saved_bytes_none").value(r.predicted_saved_bytes_none);
   w.key("measured_over_predicted").value(r.measured_over_predicted());
+  write_by_attention(w, "saved_bytes_by_attention", r, [&](const AttentionResult& a) { w.value(a.saved_bytes); });
+  write_by_attention(w, "predicted_saved_bytes_by_attention", r,
+                     [&](const AttentionResult& a) { w.value(a.predicted_saved_bytes); });
+  write_by_attention(w, "measured_over_predicted_by_attention", r,
+                     [&](const AttentionResult& a) { w.value(a.measured_over_predicted()); });
+  write_by_attention(w, "time_s_by_attention", r, [&](const AttentionResult& a) {
+    if (a.time_s) {
+      w.value(*a.time_s);
+    } else {
+      w.null();
+    }
+  });
+  write_by_attention(w, "max_grad_diff_by_attention", r, [&](const AttentionResult& a) { w.value(a.max_grad_diff); });
   if (r.optimizer_modes) {
     const auto& o = *r.optimizer_modes;
     w.key("optimizer").begin_object()

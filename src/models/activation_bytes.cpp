@@ -44,21 +44,35 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // Kept for backward by one block run plainly (the tensors decoder.cpp's blocks save):
   //   llama: x, norm1 out, q, k, v (as attention reads them), merged heads, x1, norm2 out   8 x (B,T,d)
   //          gate, silu(gate), up, silu*up                                               4 x (B,T,f)
-  //          two 1/rms (fp32, one per token each) and the (B,H,T,T) probabilities
-  //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean/rstd (fp32)
-  const Size probs = B * H * T * T * e;
-  a.block_plain = (llama ? BT * ((8 * d + 4 * f) * e + 8) + probs : BT * ((8 * d + 2 * f) * e + 16) + probs).v;
+  //          two 1/rms (fp32, one per token each), the rotary tables cos and sin (fp32 (T, hd)
+  //          each) and the (B,H,T,T) probabilities
+  //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean and rstd
+  //          (two per token per norm, in the dtype) and the probabilities
+  // With sdpa (attention.h) the probabilities become one fp32 log-sum-exp per query and head
+  // (measured with the tracker on LibTorch 2.x's CPU flash kernel); q, k and v are kept as
+  // attention reads them (the same tensors as above), and its output takes the query's (B, T, H, hd)
+  // layout, so the merged heads are a view of it: the same 8 x (B,T,d).
+  const Size attention_kept = c.attention == AttentionKernel::sdpa ? B * H * T * 4 : B * H * T * T * e;
+  const Size rotary_tables = 2 * T * Size(c.head_dim()) * 4;
+  a.block_plain = (llama ? BT * ((8 * d + 4 * f) * e + 8) + rotary_tables + attention_kept
+                         : BT * ((8 * d + 2 * f) * e + 4 * e) + attention_kept).v;
   a.block_input = (BT * d * e).v;
   // Selective keeps the input and every matrix product's output: q, k, v, o, gate, up, down (llama);
   // qkv, proj, fc, fc-proj (gpt2).
   a.block_selective = (a.block_input + (llama ? BT * (4 * d + 2 * kv + 2 * f) * e : BT * (6 * d + f) * e)).v;
   // A checkpointed block's backward holds gradients of its intermediates worth a little under half a block's
   // activations at its peak (measured with the tracker: 0.50 of block_plain on the default recipe,
-  // 0.43 on the tiny one; trainer_test checks the estimate against both).
-  a.block_backward_working_set = (Size(a.block_plain) * 42 / 100).v;
+  // 0.43 on the tiny one; trainer_test checks the estimate against both; 0.42 fits LibTorch 1.13
+  // and 2.15 alike), unless attention's backward holds more (measured on LibTorch 2.x, B 4, d 64,
+  // fp32): explicit, the gradients of the probabilities and of the scores, 2 x (B,H,T,T), with the
+  // output's gradient (exact at T 256 and 1024, where it is 0.94 and 1.55 of block_plain); sdpa, the
+  // gradients of q, k, v and the output with one fp32 (B,T,d) of the kernel's accumulators (5 (B,T,d)
+  // at T 1024; 4.25 at T 128).
+  const Size attention_backward = c.attention == AttentionKernel::sdpa ? BT * d * (4 * e + 4) : 2 * B * H * T * T * e + BT * d * e;
+  a.block_backward_working_set = std::max(Size(a.block_plain) * 42 / 100, attention_backward).v;
   // A block run plainly (not recomputed in its backward) holds less: 0.334 of block_plain on the
   // tiny recipe (every_2's plain block), on LibTorch 1.13 and 2.15 alike.
-  a.plain_block_backward_working_set = (Size(a.block_plain) * 38 / 100).v;
+  a.plain_block_backward_working_set = std::max(Size(a.block_plain) * 38 / 100, attention_backward).v;
   a.block_largest_matrix = (std::max({d * f, d * d, d * kv}) * e).v;
   a.block_params = ((llama ? 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f : 12 * d * d + 13 * d) * e).v;
   // The head: the final norm keeps its input (and llama's 1/rms), the loss the normed states.

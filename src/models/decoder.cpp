@@ -35,6 +35,8 @@ std::string DecoderConfig::validate() const {
   if (arch == "gpt2" && n_kv_heads != n_heads) return "gpt2 has no grouped-query attention: n_kv_heads must equal n_heads";
   if (!(norm_eps > 0)) return "norm_eps must be > 0";
   if (!(rope_theta > 0)) return "rope_theta must be > 0";
+  const std::string no_kernel = attention_kernel_unavailable(attention);
+  if (!no_kernel.empty()) return std::string("attention ") + attention_kernel_name(attention) + " " + no_kernel;
   return "";
 }
 
@@ -92,13 +94,15 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t T, int64_t hd, double th
   return {emb.cos(), emb.sin()};
 }
 
-// Rotary embedding as a Function that keeps nothing but the tables: x: (B, T, H, hd) -> (B, H, T, hd)
+// Rotary embedding as a Function that keeps nothing but the tables: x: (B, T, H, hd) -> (B, H, T, hd),
+// a transposed view laid out (B, T, H, hd). sdpa's output follows its query's layout, so merging
+// the heads after it is then a view too, not a copy kept by o_proj beside the output sdpa keeps.
 class RotaryFn : public torch::autograd::Function<RotaryFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
     const at::Tensor c = cos.unsqueeze(1).to(x.scalar_type()), s = sin.unsqueeze(1).to(x.scalar_type());  // (T, 1, hd)
-    return {(x * c + rotate_half(x) * s).transpose(1, 2).contiguous()};
+    return {(x * c + rotate_half(x) * s).transpose(1, 2)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -124,7 +128,9 @@ struct LlamaAttentionImpl : torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t H, KV, hd;
   double theta;
-  explicit LlamaAttentionImpl(const DecoderConfig& c) : H(c.n_heads), KV(c.n_kv_heads), hd(c.head_dim()), theta(c.rope_theta) {
+  AttentionKernel kernel;
+  explicit LlamaAttentionImpl(const DecoderConfig& c)
+      : H(c.n_heads), KV(c.n_kv_heads), hd(c.head_dim()), theta(c.rope_theta), kernel(c.attention) {
     auto opt = [](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(false); };
     q_proj = register_module("q_proj", torch::nn::Linear(opt(c.dim, H * hd)));
     k_proj = register_module("k_proj", torch::nn::Linear(opt(c.dim, KV * hd)));
@@ -138,7 +144,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
     const at::Tensor q = RotaryFn::apply(lin(q_proj, x).view({B, T, H, hd}), cos, sin)[0];   // (B, H, T, hd)
     const at::Tensor k = RotaryFn::apply(lin(k_proj, x).view({B, T, KV, hd}), cos, sin)[0];  // (B, KV, T, hd)
     const at::Tensor v = lin(v_proj, x).view({B, T, KV, hd}).transpose(1, 2);                // (B, KV, T, hd)
-    const at::Tensor att = causal_attention(q, repeat_kv(k, H / KV), repeat_kv(v, H / KV));  // (B, H, T, hd)
+    const at::Tensor att = causal_attention(q, repeat_kv(k, H / KV), repeat_kv(v, H / KV), kernel);  // (B, H, T, hd)
     return lin(o_proj, att.transpose(1, 2).reshape({B, T, H * hd}));
   }
 };
@@ -225,14 +231,15 @@ class LlamaForCausalLM : public DecoderImpl {
 struct GPT2AttentionImpl : torch::nn::Module {
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   int64_t H;
-  explicit GPT2AttentionImpl(const DecoderConfig& c) : H(c.n_heads) {
+  AttentionKernel kernel;
+  explicit GPT2AttentionImpl(const DecoderConfig& c) : H(c.n_heads), kernel(c.attention) {
     c_attn = register_module("c_attn", torch::nn::Linear(c.dim, 3 * c.dim));
     c_proj = register_module("c_proj", torch::nn::Linear(c.dim, c.dim));
   }
   at::Tensor forward(const at::Tensor& x) {  // (B, T, d)
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2);
     const at::Tensor parts = lin(c_attn, x).view({B, T, 3, H, d / H}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, hd)
-    const at::Tensor att = causal_attention(parts[0], parts[1], parts[2]);
+    const at::Tensor att = causal_attention(parts[0], parts[1], parts[2], kernel);  // (B, H, T, hd)
     return lin(c_proj, att.transpose(1, 2).reshape({B, T, d}));
   }
 };

@@ -151,6 +151,8 @@ const std::vector<Field>& fields() {
       DOUBLE_FIELD("model.rope_theta", r.model.rope_theta, 1.0),
       DOUBLE_FIELD("model.norm_eps", r.model.norm_eps, 0.0),
       BOOL_FIELD("model.tie_embeddings", r.model.tie_embeddings),
+      ENUM_FIELD("model.attention", r.model.attention, models::parse_attention_kernel, models::attention_kernel_name,
+                 models::kAllAttentionKernels),
       ENUM_FIELD("model.dtype", r.dtype, parse_dtype, dtype_name, kRecipeDtypes),
       STRING_FIELD("model.init_from", r.init_from),
       STRING_FIELD("data.corpus", r.corpus),
@@ -341,6 +343,9 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
     }
     bad("model: " + invalid + (from.empty() ? "" : from + " from the command line)"));
   };
+  // A kernel this LibTorch lacks is refused before anything is built or read.
+  const std::string no_kernel = models::attention_kernel_unavailable(r.model.attention);
+  if (!no_kernel.empty()) bad(shown("model.attention") + " " + no_kernel + "; use model.attention=explicit");
   models::DecoderConfig probe = r.model;
   if (probe.vocab_size == 0) probe.vocab_size = 1;  // the tokenizer's, checked again once known
   const std::string invalid = probe.validate();
@@ -415,6 +420,10 @@ const std::map<std::string, const char*>& meanings() {
       {"model.rope_theta", "base of the rotary position embeddings"},
       {"model.norm_eps", "epsilon of the normalisation layers"},
       {"model.tie_embeddings", "share the token embedding with the output head"},
+      {"model.attention",
+       "attention kernel: explicit softmax(q k^T) v keeps the (B, H, T, T) probabilities for backward; sdpa "
+       "(LibTorch 2.0 or later) runs at::scaled_dot_product_attention's fused kernels, which keep one fp32 "
+       "log-sum-exp per query instead"},
       {"model.dtype", "dtype of parameters and activations"},
       {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init)"},
       {"data.corpus", "text file or folder the tokenizer and tokens are made from"},

@@ -112,11 +112,34 @@ expect 0 "predicted peak" -- account --layers 4 --width 32 --heads 2 --batch 2 -
 expect 0 "measured / predicted" -- account --layers 2 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --json-out "$tmp/a.json"
 if [ -f "$tmp/a.json" ]; then
   keys=$(python3 -c 'import json,sys; print(",".join(json.load(open(sys.argv[1])).keys()))' "$tmp/a.json")
-  want="config,n_params,param_bytes,grad_bytes,adamw_state_bytes,saved_bytes,saved_ratio_vs_none,time_s,max_grad_diff,predicted_saved_bytes_none,measured_over_predicted,optimizer"
+  want="config,n_params,param_bytes,grad_bytes,adamw_state_bytes,saved_bytes,saved_ratio_vs_none,time_s,max_grad_diff,predicted_saved_bytes_none,measured_over_predicted,saved_bytes_by_attention,predicted_saved_bytes_by_attention,measured_over_predicted_by_attention,time_s_by_attention,max_grad_diff_by_attention,optimizer"
   if [ "$keys" = "$want" ]; then pass=$((pass + 1)); else echo "FAIL: keys $keys"; failed=$((failed + 1)); fi
 else
   echo "FAIL: no JSON written"; failed=$((failed + 1))
 fi
+
+# Attention kernels: explicit on every build, sdpa beside it on LibTorch 2.x (keeping fewer bytes,
+# as its formula says); on 1.13 model.attention=sdpa is refused before any work.
+if "$frugal" --version | grep -q "LibTorch 1\."; then
+  kernels="explicit"
+  expect 2 "model.attention=sdpa (from the command line) needs LibTorch 2.0 or later" -- train tiny model.attention=sdpa train.out_dir="$tmp/sdpa"
+  if [ ! -e "$tmp/sdpa" ]; then pass=$((pass + 1)); else echo "FAIL: a refused sdpa run made $tmp/sdpa"; failed=$((failed + 1)); fi
+else
+  kernels="explicit,sdpa"
+  expect 0 "estimated peak" -- train tiny model.attention=sdpa model.vocab_size=512 --dry-run
+fi
+if python3 - "$tmp/a.json" "$kernels" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+kept, predicted = d["saved_bytes_by_attention"], d["predicted_saved_bytes_by_attention"]
+assert ",".join(kept) == sys.argv[2], kept
+assert kept["explicit"] == d["saved_bytes"]["none"] and predicted["explicit"] == d["predicted_saved_bytes_none"]
+for k in kept:
+    assert abs(d["measured_over_predicted_by_attention"][k] - kept[k] / predicted[k]) < 1e-9
+if "sdpa" in kept:
+    assert kept["sdpa"] < kept["explicit"] and d["max_grad_diff_by_attention"]["sdpa"] < 1e-5, d
+PY
+then pass=$((pass + 1)); else echo "FAIL: account's attention kernels"; failed=$((failed + 1)); fi
 
 # ---- frugal train, generate, tokenizer ----
 expect 2 "is neither a file nor a shipped recipe" -- train nosuchrecipe

@@ -95,4 +95,49 @@ TEST(MemoryAccount, ValidateNamesTheBadValue) {
   EXPECT_NE(bench::validate(cfg), "");
   cfg.variants = {"none", "sometimes"};
   EXPECT_NE(bench::validate(cfg).find("sometimes"), std::string::npos);
+  cfg.variants = {"none"};
+  cfg.attentions = {models::AttentionKernel::sdpa};
+  EXPECT_EQ(bench::validate(cfg), "the attention kernels must start with explicit (the reference run)");
+  cfg.attentions = {models::AttentionKernel::explicit_softmax, models::AttentionKernel::sdpa};
+  EXPECT_EQ(bench::validate(cfg).empty(), models::attention_kernel_unavailable(models::AttentionKernel::sdpa).empty());
+}
+
+TEST(MemoryAccount, PredictionFormulaWithSdpa) {
+  // 16 (B, T, d) tensors in the element size, plus one fp32 log-sum-exp per query and head.
+  EXPECT_EQ(models::predicted_saved_bytes(1, 2, 3, 8, 2, 4, models::AttentionKernel::sdpa), 4 * 16 * 2 * 3 * 8 + 4 * 2 * 3 * 2);
+  EXPECT_EQ(models::predicted_saved_bytes(6, 16, 64, 128, 4, 2, models::AttentionKernel::sdpa),
+            6 * (2 * 16 * 16 * 64 * 128 + 4 * 4 * 16 * 64));
+}
+
+// Explicit is the plain run (the "none" variant's figures); sdpa, where the build has it, keeps
+// what its formula says to 1% (LayerNorm's statistics are outside both formulas), about half of
+// explicit at 256 tokens, with the explicit kernel's gradients to 1e-5.
+TEST(MemoryAccount, AttentionKernelsSideBySide) {
+  bench::AccountConfig cfg;
+  cfg.layers = 2;
+  cfg.width = 64;
+  cfg.heads = 4;
+  cfg.batch = 2;
+  cfg.seq = 256;
+  cfg.timing = false;
+  cfg.optimizer_modes = false;
+  cfg.variants = {"none"};
+  const auto r = bench::run_memory_account(cfg);
+  ASSERT_EQ(r.attentions.size(), models::available_attention_kernels().size());
+  const auto& expl = r.attentions.front();
+  EXPECT_EQ(expl.kernel, models::AttentionKernel::explicit_softmax);
+  EXPECT_EQ(expl.saved_bytes, r.find("none")->saved_bytes);
+  EXPECT_EQ(expl.predicted_saved_bytes, r.predicted_saved_bytes_none);
+  EXPECT_NEAR(expl.measured_over_predicted(), 1.0, 0.01);
+  if (r.attentions.size() < 2) GTEST_SKIP() << "sdpa " << models::attention_kernel_unavailable(models::AttentionKernel::sdpa);
+  const auto& sdpa = r.attentions[1];
+  EXPECT_EQ(sdpa.kernel, models::AttentionKernel::sdpa);
+  EXPECT_EQ(sdpa.predicted_saved_bytes,
+            models::predicted_saved_bytes(cfg.layers, cfg.batch, cfg.seq, cfg.width, cfg.heads, 4, models::AttentionKernel::sdpa));
+  EXPECT_NEAR(sdpa.measured_over_predicted(), 1.0, 0.01);
+  // Exactly the probabilities less the log-sum-exp: everything else is kept alike.
+  const int64_t BHT = cfg.batch * cfg.heads * cfg.seq;
+  EXPECT_EQ(expl.saved_bytes - sdpa.saved_bytes, cfg.layers * (BHT * cfg.seq * 4 - BHT * 4));
+  EXPECT_LE(sdpa.max_grad_diff, 1e-5);
+  EXPECT_GT(sdpa.max_grad_diff, 0);  // a different kernel: not the same run measured twice
 }

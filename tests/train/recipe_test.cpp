@@ -2,6 +2,8 @@
 // checkpoint stores reads back to the same recipe.
 #include <gtest/gtest.h>
 
+#include <torch/version.h>
+
 #include "frugal/train/recipe.h"
 
 using namespace frugal::train;
@@ -218,4 +220,32 @@ TEST(Recipe, EveryKeyIsDocumented) {
       EXPECT_EQ(k.default_value, "100");
     }
   }
+}
+
+// model.attention: explicit by default, listed with its choices, sdpa taken by the model config on
+// LibTorch 2.x and refused on 1.13 with the reason, naming the override.
+TEST(Recipe, AttentionKernelKey) {
+  using frugal::models::AttentionKernel;
+  EXPECT_EQ(parse_recipe(kYaml, "r.yaml").model.attention, AttentionKernel::explicit_softmax);
+  bool listed = false;
+  for (const RecipeKey& k : recipe_key_docs()) {
+    if (k.key != "model.attention") continue;
+    listed = true;
+    EXPECT_EQ(k.type, "one of explicit, sdpa");
+    EXPECT_EQ(k.default_value, "explicit");
+  }
+  EXPECT_TRUE(listed);
+  expect_error(kYaml, {"model.attention=flash"}, "override: model.attention must be one of explicit, sdpa, got 'flash'");
+#if TORCH_VERSION_MAJOR >= 2
+  const Recipe r = parse_recipe(kYaml, "r.yaml", {"model.attention=sdpa"});
+  EXPECT_EQ(r.model.attention, AttentionKernel::sdpa);
+  EXPECT_EQ(parse_recipe(recipe_to_yaml(r), "saved.yaml").model.attention, AttentionKernel::sdpa);
+#else
+  expect_error(kYaml, {"model.attention=sdpa"},
+               "r.yaml: model.attention=sdpa (from the command line) needs LibTorch 2.0 or later "
+               "(at::scaled_dot_product_attention); this frugal is built against LibTorch 1.13");
+  std::string in_file = kYaml;
+  in_file.replace(in_file.find("model:\n"), 7, "model:\n  attention: sdpa\n");
+  expect_error(in_file, {}, "r.yaml: model.attention sdpa needs LibTorch 2.0 or later");
+#endif
 }

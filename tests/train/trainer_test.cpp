@@ -191,6 +191,28 @@ TEST(Trainer, EstimateMatchesTheMeasuredPeakByCategory) {
   }
 }
 
+// sdpa (LibTorch 2.x): the estimate, with no (T, T) term, against the measured peak; at 256 tokens
+// the explicit kernel's probabilities would be 4x the rest of a block's kept bytes.
+TEST(Trainer, SdpaEstimateMatchesTheMeasuredPeakByCategory) {
+  const std::string why = models::attention_kernel_unavailable(models::AttentionKernel::sdpa);
+  if (!why.empty()) GTEST_SKIP() << "sdpa " << why;
+  const std::vector<std::vector<std::string>> configs = {
+      {"model.attention=sdpa"},
+      {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4"},
+      {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4",
+       "memory.checkpointing=every_2", "optimizer.in_backward=true", "memory.chunked_loss=true"},
+      {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4",
+       "memory.checkpointing=full", "optimizer.in_backward=true", "memory.chunked_loss=true"},
+      {"model.attention=sdpa", "memory.checkpointing=selective", "model.dtype=bf16"},
+      {"model.attention=sdpa", "model.arch=gpt2", "model.ffn_dim=256", "model.n_kv_heads=4", "model.tie_embeddings=false"},
+  };
+  for (const auto& o : configs) {
+    std::string label;
+    for (const auto& s : o) label += s + " ";
+    expect_estimate_matches(tiny("estimate-sdpa", short_run(o)), label);
+  }
+}
+
 TEST(Trainer, EstimateMatchesTheDefaultRecipeByCategory) {
   const std::string base = ::testing::TempDir() + "/frugal_train";
   ::mkdir(base.c_str(), 0755);

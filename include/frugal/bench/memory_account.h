@@ -3,7 +3,9 @@
 // Builds `layers` pre-LN blocks on a (batch, seq, width) input (loss = mean of the squared output)
 // and measures, with the allocation tracker: parameter, gradient and AdamW-state bytes (formula vs
 // real tensors vs tracker), the bytes kept between forward and backward for each checkpointing
-// variant, their forward+backward time, and how far their gradients are from the plain run's.
+// variant, their forward+backward time, and how far their gradients are from the plain run's; and
+// the bytes kept without checkpointing with each attention kernel this build has (explicit, and
+// sdpa on LibTorch 2.x), each against its formula.
 //
 //   frugal::bench::AccountConfig cfg;           // 6 layers, width 128, 4 heads, batch 16, seq 64
 //   auto result = frugal::bench::run_memory_account(cfg);
@@ -23,6 +25,7 @@
 #include "frugal/checkpoint/planner.h"
 #include "frugal/io/json.h"
 #include "frugal/memory/tracker.h"
+#include "frugal/models/attention.h"
 
 namespace frugal {
 namespace bench {
@@ -45,6 +48,9 @@ struct AccountConfig {
   std::vector<double> budget_fractions;
   // Also compare a training step with AdamW after backward against AdamW inside it.
   bool optimizer_modes = true;
+  // Attention kernels measured without checkpointing; the first must be explicit (the variants
+  // run with it, and it is the reference of the others' gradients).
+  std::vector<models::AttentionKernel> attentions = models::available_attention_kernels();
 };
 
 // "layers must be >= 1, got 0" style message for the first bad field, or empty when valid.
@@ -62,6 +68,16 @@ struct VariantResult {
   int64_t saved_bytes = 0;          // live between end of forward and start of backward
   std::optional<double> time_s;     // median forward+backward
   double max_grad_diff = 0;         // against the "none" variant, over every parameter
+};
+
+// One attention kernel, no checkpointing. For explicit these are the "none" variant's figures.
+struct AttentionResult {
+  models::AttentionKernel kernel = models::AttentionKernel::explicit_softmax;
+  int64_t saved_bytes = 0;            // live between end of forward and start of backward
+  int64_t predicted_saved_bytes = 0;  // models::predicted_saved_bytes with this kernel
+  std::optional<double> time_s;       // median forward+backward
+  double max_grad_diff = 0;           // against the explicit kernel, over every parameter
+  double measured_over_predicted() const;
 };
 
 struct BudgetResult {
@@ -85,6 +101,7 @@ struct AccountResult {
   int64_t activation_peak_none = 0;       // measured activation peak of the plain run
   int64_t planner_predicted_none = 0;     // the planner's prediction of it
   std::vector<BudgetResult> budgets;      // in budget_bytes then budget_fractions order
+  std::vector<AttentionResult> attentions;  // in config.attentions order
   std::optional<OptimInBackwardResult> optimizer_modes;
   std::shared_ptr<memory::Tracker> tracker;  // the measured steps' allocation timeline
 

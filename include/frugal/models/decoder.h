@@ -1,7 +1,7 @@
 // frugal/models/decoder.h — decoder-only language models: Llama and GPT-2, sized from a config.
 //
 // Llama: token embedding, RMSNorm, rotary position embedding (Hugging Face's rotate-half layout),
-// multi-head attention with optional grouped-query heads, SwiGLU MLP, tied or untied output head.
+// multi-head attention with optional grouped-query heads (explicit softmax or fused sdpa kernels), SwiGLU MLP, tied or untied output head.
 // GPT-2: learned positions, LayerNorm, GELU MLP, biases, tied head. Parameter names follow Hugging
 // Face's (model.layers.0.self_attn.q_proj.weight, ...), so checkpoints map one to one.
 // Every block can run under any checkpointing policy or plan; the head can use the chunked loss.
@@ -22,6 +22,7 @@
 #include <string>
 
 #include "frugal/checkpoint/planner.h"
+#include "frugal/models/attention.h"
 
 namespace frugal {
 namespace models {
@@ -38,6 +39,8 @@ struct DecoderConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
+  // How attention is computed (attention.h); not part of the weights or a Hugging Face config.
+  AttentionKernel attention = AttentionKernel::explicit_softmax;
 
   // "n_heads must divide dim" style message for the first inconsistency, or empty.
   std::string validate() const;

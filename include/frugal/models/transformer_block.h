@@ -1,12 +1,13 @@
 // frugal/models/transformer_block.h — the pre-LN Transformer block that `frugal account` measures.
 //
 // x -> x + proj(causal_attention(qkv(ln1(x)))) -> x + fc2(gelu(fc1(ln2(x)))), no dropout
-// (causal_attention is models/attention.h).
+// (causal_attention is models/attention.h, with either kernel).
 // Its Linear layers go through checkpoint::linear, so selective checkpointing can keep them.
 //
 //   frugal::models::PreLNBlock block(/*d_model=*/128, /*n_heads=*/4);
 //   at::Tensor y = block->forward(x);                          // x, y: (B, T, d_model)
 //   int64_t kept = frugal::models::predicted_saved_bytes(6, 16, 64, 128, 4);
+//   block->set_attention(frugal::models::AttentionKernel::sdpa);  // LibTorch >= 2.0
 #pragma once
 
 #include <torch/nn/module.h>
@@ -14,21 +15,26 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include "frugal/models/attention.h"
+
 namespace frugal {
 namespace models {
 
 class PreLNBlockImpl : public torch::nn::Module {
  public:
-  PreLNBlockImpl(int64_t d_model, int64_t n_heads);
+  PreLNBlockImpl(int64_t d_model, int64_t n_heads, AttentionKernel attention = AttentionKernel::explicit_softmax);
   // x: (B, T, d_model) -> (B, T, d_model)
   at::Tensor forward(const at::Tensor& x);
 
   int64_t d_model() const { return d_model_; }
   int64_t n_heads() const { return n_heads_; }
+  AttentionKernel attention() const { return attention_; }
+  void set_attention(AttentionKernel attention) { attention_ = attention; }
 
  private:
   int64_t d_model_;
   int64_t n_heads_;
+  AttentionKernel attention_;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
 };
@@ -38,9 +44,10 @@ TORCH_MODULE(PreLNBlock);
 int64_t block_param_count(int64_t layers, int64_t d_model);
 
 // Bytes autograd keeps between forward and backward for `layers` blocks without checkpointing,
-// excluding the parameters and the chain's input (derivation next to the code).
+// excluding the parameters and the chain's input (derivation next to the code). With sdpa the
+// (B, H, T, T) probabilities become one fp32 log-sum-exp per query and head.
 int64_t predicted_saved_bytes(int64_t layers, int64_t batch, int64_t seq, int64_t d_model, int64_t n_heads,
-                              int64_t element_size = 4);
+                              int64_t element_size = 4, AttentionKernel attention = AttentionKernel::explicit_softmax);
 
 }  // namespace models
 }  // namespace frugal
