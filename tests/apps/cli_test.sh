@@ -159,7 +159,8 @@ if "$frugal" account --layers 1 --width 32 --heads 2 --batch 2 --seq 8 --skip-ti
 else
   pass=$((pass + 1))
 fi
-if [ -e /usr/lib/x86_64-linux-gnu/blas/libblas.so.3 ]; then
+# Only where LibTorch takes its BLAS from libblas.so.3 (Debian's 1.13); the PyPI wheel's is MKL, built in.
+if [ -e /usr/lib/x86_64-linux-gnu/blas/libblas.so.3 ] && ldd "$frugal" | grep -q 'libblas\.so'; then
   if LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/blas "$frugal" account --layers 1 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing 2>&1 |
      grep -q "use the reference BLAS (/usr/lib/x86_64-linux-gnu/blas/libblas.so"; then
     pass=$((pass + 1))
