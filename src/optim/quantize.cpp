@@ -1,5 +1,7 @@
 #include "frugal/optim/quantize.h"
 
+#include "adam_scalars.h"
+
 #include "frugal/memory/tracker.h"
 
 #include <cmath>
@@ -533,16 +535,7 @@ void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, Quanti
   TORCH_CHECK(m.codes().device().is_cpu(), "adam_step_quantized_cpu: the state must be on the CPU");
   TORCH_CHECK(m.block() <= 256, "adam_step_quantized_cpu: blocks of at most 256 values");
   TORCH_CHECK(end <= m.numel() && (end == m.numel() || end % m.block() == 0), "adam_step_quantized_cpu: the range must end on a block or at the end");
-  s.b1 = static_cast<float>(h.beta1);
-  s.b2 = static_cast<float>(h.beta2);
-  s.one_b1 = static_cast<float>(1 - h.beta1);
-  s.one_b2 = static_cast<float>(1 - h.beta2);
-  s.eps = static_cast<float>(h.eps);
-  s.wd = static_cast<float>(h.weight_decay);
-  s.decay = static_cast<float>(1 - h.lr * h.weight_decay);
-  s.sqrt_bc2 = static_cast<float>(std::sqrt(h.bias_correction2));
-  s.step = static_cast<float>(-h.lr / h.bias_correction1);
-  s.decoupled = h.decoupled;
+  set_adam_scalars(h, s);
   s.begin = begin;
   s.numel = end;
   s.block = m.block();

@@ -8,6 +8,8 @@
 // IEEE-rounded division and square root intrinsics, so the results are the CPU kernel's bits.
 #include "frugal/optim/quantize.h"
 
+#include "adam_scalars.h"
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -193,16 +195,7 @@ double adam_step_quantized_cuda(const AdamStep& h, const at::Tensor& p, const at
               "adam_step_quantized_cuda: the range must start on a block and end on a block or at the end");
   const c10::cuda::CUDAGuard guard(p.device());
   StepConstants s;
-  s.b1 = static_cast<float>(h.beta1);
-  s.b2 = static_cast<float>(h.beta2);
-  s.one_b1 = static_cast<float>(1 - h.beta1);
-  s.one_b2 = static_cast<float>(1 - h.beta2);
-  s.eps = static_cast<float>(h.eps);
-  s.wd = static_cast<float>(h.weight_decay);
-  s.decay = static_cast<float>(1 - h.lr * h.weight_decay);
-  s.sqrt_bc2 = static_cast<float>(std::sqrt(h.bias_correction2));
-  s.step = static_cast<float>(-h.lr / h.bias_correction1);
-  s.decoupled = h.decoupled;
+  set_adam_scalars(h, s);
   s.stochastic = rounding.stochastic;
   s.seed_lo = static_cast<uint32_t>(rounding.seed);
   s.seed_hi = static_cast<uint32_t>(rounding.seed >> 32);
