@@ -7,6 +7,7 @@ packages=(
   libtorch-dev          # LibTorch 1.13 (CPU)
   libopenblas0-pthread  # without it matrix products fall back to reference BLAS (~30x slower)
   libgtest-dev          # GoogleTest
+  libgloo-dev           # the Gloo headers c10d's ProcessGroupGloo.hpp includes (data-parallel training)
   python3               # the CLI test reads the JSON back
   python3-venv          # the virtual environment that holds the LibTorch 2.x wheel (scripts/setup_torch2.sh)
   pkg-config

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "args.h"
@@ -13,6 +15,8 @@
 
 #include "frugal/bench/hardware.h"
 #include "frugal/data/tokenizer.h"
+#include "frugal/dist/group.h"
+#include "frugal/dist/launch.h"
 #include "frugal/io/json.h"
 #include "frugal/memory/cuda_stats.h"
 #include "frugal/io/units.h"
@@ -127,6 +131,60 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
+// Data parallel: each rank's measured peak, its optimizer state and gradients, and what it handed
+// to collectives per step (rank 0's figures; the payload, not the wire bytes).
+std::string describe_ranks(const train::TrainResult& r) {
+  std::ostringstream out;
+  const int opt = static_cast<int>(memory::Category::optimizer_state), grad = static_cast<int>(memory::Category::gradient);
+  out << "data parallel over " << r.world_size << " ranks, per rank (peak / optimizer state / gradients):";
+  for (size_t i = 0; i < r.peak_by_rank.size(); ++i) {
+    out << (i ? ";" : "") << " rank " << i << " " << io::human_bytes(r.peak_bytes_by_rank[i]) << " / "
+        << io::human_bytes(r.peak_by_rank[i][opt]) << " / " << io::human_bytes(r.peak_by_rank[i][grad]);
+  }
+  const int64_t steps = std::max<int64_t>(1, r.last_step - r.first_step);
+  out << "\ncollectives of rank 0 per step: gradients reduced to their owners " << io::human_bytes(r.traffic.reduce_bytes / steps)
+      << ", parameters broadcast " << io::human_bytes(r.traffic.broadcast_bytes / steps) << " (payload, sent or received)\n";
+  return out.str();
+}
+
+void write_ranks(io::JsonWriter& w, const train::TrainResult& r) {
+  w.key("world_size").value(r.world_size).key("peak_bytes_by_rank").begin_array();
+  for (int64_t b : r.peak_bytes_by_rank) w.value(b);
+  w.end_array().key("by_category_by_rank").begin_array();
+  for (const auto& b : r.peak_by_rank) {
+    w.begin_object();
+    for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(b[static_cast<int>(c)]);
+    w.end_object();
+  }
+  const int64_t steps = std::max<int64_t>(1, r.last_step - r.first_step);
+  w.end_array().key("collective_bytes_per_step").begin_object();
+  w.key("reduce").value(r.traffic.reduce_bytes / steps).key("broadcast").value(r.traffic.broadcast_bytes / steps);
+  w.key("allreduce").value(r.traffic.allreduce_bytes / steps).end_object();
+}
+
+// --nproc N: this command again as N ranks (without --nproc), supervised; the launcher's exit code
+// is the first failed rank's.
+int launch_ranks(int argc, char** argv, int64_t nproc, const std::string& out_dir) {
+  dist::LaunchOptions o;
+  o.nproc = nproc;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  o.argv.push_back(n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]));
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    o.argv.push_back(a);
+  }
+  o.log_dir = out_dir + "/logs";
+  const dist::LaunchResult r = dist::launch_local(o, [](const std::string& m) { std::cerr << "frugal train: " << m << "\n"; });
+  if (r.failed_rank >= 0) std::cerr << "frugal train: stopped: " << r.failure << "\n";
+  return r.exit_code;
+}
+
 }  // namespace
 
 std::string resolve_recipe(const std::string& arg) {
@@ -171,6 +229,8 @@ int run_train(int argc, char** argv) {
   int64_t memory_limit = -1;
   int64_t stop_after = -1;
   std::string trace_out, trace_steps;
+  int64_t nproc = 1;
+  double dist_timeout = 300;
   Args args("train",
             "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
             "default, llama2-7b). Any recipe key can be overridden as section.key=value.");
@@ -192,6 +252,12 @@ int run_train(int argc, char** argv) {
   args.add_string("trace-steps", &trace_steps,
                   "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary",
                   "LIST");
+  args.add_int("nproc", &nproc,
+               "data parallel: start this many local ranks (processes), each training on train.batch_size / N rows of every "
+               "batch with 1/N of the optimizer state; under torchrun (WORLD_SIZE set) leave it out",
+               1);
+  args.add_double("dist-timeout", &dist_timeout,
+                  "data parallel: seconds joining the ranks or one collective may take before the run stops with an error", 1);
   // RECIPE is optional with --list-keys
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--list-keys") {
@@ -212,6 +278,18 @@ int run_train(int argc, char** argv) {
     throw UsageError(e.what());
   }
   if (!dry_run) check_recipe_inputs(recipe, /*data=*/true);  // a dry run estimates any device's memory, on any machine
+  std::optional<dist::Environment> env;
+  try {
+    env = dist::environment_from_variables();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (nproc > 1 && env) throw UsageError("--nproc starts its own ranks; leave it out when a launcher (torchrun) has set WORLD_SIZE");
+  const int64_t world = env ? env->world_size : nproc;
+  if (recipe.batch_size % world != 0) {
+    throw UsageError("train.batch_size " + std::to_string(recipe.batch_size) + " does not split evenly over " + std::to_string(world) +
+                     " ranks: each rank trains on an equal share of every batch");
+  }
 
   if (dry_run) {
     int64_t vocab = recipe.model.vocab_size;
@@ -223,14 +301,17 @@ int run_train(int argc, char** argv) {
       vocab = data::Tokenizer::load(recipe.tokenizer).vocab_size();
     }
     train::MemoryEstimate est, plain;
+    const train::DataParallel dp{world, env ? env->rank : 0};
     try {
-      est = train::estimate_training_memory(recipe, vocab);
-      plain = train::estimate_training_memory(train::without_techniques(recipe), vocab);
+      est = train::estimate_training_memory(recipe, vocab, dp);
+      plain = train::estimate_training_memory(train::without_techniques(recipe), vocab, dp);
     } catch (const train::RecipeError& e) {
       throw UsageError(e.what());
     }
     std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters ("
-              << train::dtype_name(recipe.dtype) << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens\n";
+              << train::dtype_name(recipe.dtype) << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens";
+    if (world > 1) std::cout << " over " << world << " ranks (per rank: rank " << dp.rank << ", " << recipe.batch_size / world << " rows)";
+    std::cout << "\n";
     print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
     print_state_placement(std::cout, recipe, est);
     print_estimate_table(std::cout, "estimated peak with every technique off:", plain, nullptr);
@@ -251,6 +332,12 @@ int run_train(int argc, char** argv) {
     return 0;
   }
 
+  if (nproc > 1) return launch_ranks(argc, argv, nproc, recipe.out_dir);
+  std::shared_ptr<dist::Group> group;
+  if (env && env->world_size > 1) {
+    group = dist::Group::create(*env, std::chrono::milliseconds(static_cast<int64_t>(dist_timeout * 1000)));
+  }
+  const bool rank0 = !group || group->rank() == 0;
   warn_if_slow_blas();
   std::vector<int64_t> capture;
   if (!trace_steps.empty()) {
@@ -263,8 +350,8 @@ int run_train(int argc, char** argv) {
       capture.push_back(v);
     }
   }
-  const bool bar = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
-  TrainProgress shown("frugal train: ", bar);
+  const bool bar = rank0 && (progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO)));
+  TrainProgress shown(rank0 ? "frugal train: " : "frugal train: rank " + std::to_string(group->rank()) + ": ", bar);
   train::TrainResult result;
   try {
     result = train::run_training(recipe,
@@ -274,7 +361,8 @@ int run_train(int argc, char** argv) {
                                      .on_progress(shown.on_progress())
                                      .memory_limit(std::max<int64_t>(0, memory_limit))
                                      .keep_events(!trace_out.empty())
-                                     .capture_steps(capture),
+                                     .capture_steps(capture)
+                                     .group(group),
                                  shown.log());
   } catch (const train::RecipeError& e) {
     shown.end_line();
@@ -290,6 +378,12 @@ int run_train(int argc, char** argv) {
     std::cout << "run already complete: " << result.checkpoint << " is at step " << result.last_step << " (train.steps "
               << recipe.steps << "); nothing to do\n";
     return 0;
+  }
+  if (!rank0) {
+    std::cout << "rank " << group->rank() << " of " << group->size() << " done at step " << result.last_step << "; peak "
+              << io::human_bytes(result.peak.peak_bytes) << ", optimizer state "
+              << io::human_bytes(result.peak.breakdown[static_cast<int>(memory::Category::optimizer_state)]) << "\n";
+    return 0;  // rank 0 reports the run and writes its outputs
   }
   std::ostringstream summary;
   char line[256];
@@ -340,6 +434,7 @@ int run_train(int argc, char** argv) {
     }
     summary << "\n";
   }
+  if (result.world_size > 1) summary << describe_ranks(result);
   summary << "checkpoint: " << result.checkpoint << "\n";
   if (!result.sample.empty()) summary << "sample: " << result.sample << "\n";
   std::cout << summary.str();
@@ -371,7 +466,9 @@ int run_train(int argc, char** argv) {
     w.key("achieved_gflops").value(step_gflops).key("matmul_gflops").value(matmul_gflops);
     w.key("by_category").begin_object();
     for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);
-    w.end_object().key("estimate");
+    w.end_object();
+    if (result.world_size > 1) write_ranks(w, result);
+    w.key("estimate");
     write_estimate(w, result.estimate);
     w.key("estimate_techniques_off");
     write_estimate(w, result.estimate_plain);

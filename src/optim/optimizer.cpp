@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -54,8 +55,19 @@ struct Optimizer::Impl {
     at::Tensor tensor;
     size_t group;
     ParamState state;
+    // The flattened elements [begin, end) this rank updates: all of them in one process; with an
+    // Exchange the owned range (nothing, all, or a slice).
+    int64_t begin = 0, end = 0;
   };
   std::vector<Param> params;
+
+  static bool whole(const Param& p) { return p.begin == 0 && p.end == p.tensor.numel(); }
+  // Whether params is split over the ranks (each holds a slice): its norm is a sum over them.
+  static bool split(const Param& p) { return p.begin < p.end && !whole(p); }
+  // The part of a parameter-shaped tensor (the parameter, its gradient) this rank updates.
+  static at::Tensor own(const Param& p, const at::Tensor& t) {
+    return whole(p) ? t : t.view({-1}).narrow(0, p.begin, p.end - p.begin);
+  }
   std::vector<double> group_lr, group_base_lr, group_weight_decay;
   int64_t micro_steps = 0;
   int64_t steps_taken = 0;
@@ -72,6 +84,66 @@ struct Optimizer::Impl {
   bool norm_ready = false;
   at::Tensor norm_sq;       // sum of squared gradient norms in the measuring pass (double)
   at::Tensor global_coef;   // the clip coefficient for the stepping pass
+  // data parallel (exchange.h)
+  std::shared_ptr<Exchange> exchange;
+  struct Pending {
+    size_t index;
+    at::Tensor grad;  // being averaged; the parameter's .grad is already reset
+    Exchange::Wait wait;
+  };
+  std::deque<Pending> pending;      // in-backward: gradients being averaged, oldest first
+  int64_t pending_bytes = 0;
+  int64_t bytes_in_flight = kDefaultBytesInFlight;
+  std::vector<Exchange::Wait> shares;  // owners' updated parameters on their way to the other ranks
+
+  bool owns(size_t i) const { return !exchange || exchange->owns(i); }
+  bool owns(const Param& p) const { return owns(static_cast<size_t>(&p - params.data())); }
+
+  // The averaged gradient of params[i] has arrived (in-backward): the owner clips and updates, then
+  // sends the new values; the gradient is dropped either way.
+  void use_averaged(size_t i, const at::Tensor& grad) {
+    Param& p = params[i];
+    if (owns(i)) {
+      clip_and_update(p, grad);
+    }
+    shares.push_back(exchange->share_parameter(i, p.tensor));
+  }
+  void clip_and_update(Param& p, const at::Tensor& grad) {
+    const at::Tensor g = own(p, grad);
+    if (options.clip() == Clip::global_norm_two_pass) {
+      g.mul_(global_coef.to(g.scalar_type()));
+    } else if (options.clip() == Clip::per_param_norm) {
+      clip_per_param(p, g);
+    }
+    update(p, grad);
+  }
+  // g: this rank's part of p's gradient; a split parameter's norm is summed over the ranks' slices.
+  void clip_per_param(const Param& p, const at::Tensor& g) {
+    at::Tensor norm = g.norm();
+    if (split(p)) {
+      const double n = norm.item<double>();
+      norm = at::scalar_tensor(std::sqrt(exchange->sum(n * n)), g.options());
+    }
+    g.mul_(clip_coefficient(norm, options.max_grad_norm()));
+  }
+  // Waits for the oldest averages until no more than `limit` bytes are in flight.
+  void drain(int64_t limit) {
+    at::NoGradGuard no_grad;
+    while (!pending.empty() && pending_bytes > limit) {
+      Pending next = std::move(pending.front());
+      pending.pop_front();
+      pending_bytes -= next.grad.numel() * static_cast<int64_t>(next.grad.element_size());
+      next.wait();
+      use_averaged(next.index, next.grad);
+    }
+  }
+  // Every average used and every owner's values received: the parameters are the same everywhere.
+  void settle() {
+    drain(-1);
+    std::vector<Exchange::Wait> waits;
+    waits.swap(shares);
+    for (auto& w : waits) w();
+  }
 
   Hyper hyper(size_t group) const {
     Hyper h;
@@ -96,7 +168,8 @@ struct Optimizer::Impl {
       return (p.state.m ? p.state.m->transfer_seconds() : 0.0) + (p.state.v ? p.state.v->transfer_seconds() : 0.0);
     };
     const double moved_before = moved();
-    apply_update(hyper(p.group), p.state, p.tensor, grad);
+    at::Tensor target = own(p, p.tensor);
+    apply_update(hyper(p.group), p.state, target, own(p, grad));
     update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state_transfer_seconds += moved() - moved_before;
   }
@@ -112,6 +185,24 @@ struct Optimizer::Impl {
     memory::tag(grad, memory::Category::gradient);
     if (options.mode() != Mode::in_backward) return;
     at::NoGradGuard no_grad;
+    if (exchange) {
+      p.tensor.mutable_grad().reset();  // the average below holds it until it is used
+      if (pass == Pass::measure_norm) {
+        exchange->average_gradient(i, grad)();
+        if (owns(i)) {
+          const at::Tensor n = own(p, grad).norm().to(at::kDouble);
+          norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
+        }
+        return;
+      }
+      TORCH_CHECK(options.clip() != Clip::global_norm_two_pass || norm_ready,
+                  "optimizer: two-pass global-norm clipping needs optimizer.backward(loss) instead of "
+                  "loss.backward(), so that the norm is measured first");
+      pending.push_back({i, grad, exchange->average_gradient(i, grad)});
+      pending_bytes += grad.numel() * static_cast<int64_t>(grad.element_size());
+      drain(bytes_in_flight);  // backward goes on while the newest are on their way
+      return;
+    }
     if (pass == Pass::measure_norm) {
       const at::Tensor n = grad.norm().to(at::kDouble);
       norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
@@ -119,12 +210,7 @@ struct Optimizer::Impl {
       TORCH_CHECK(options.clip() != Clip::global_norm_two_pass || norm_ready,
                   "optimizer: two-pass global-norm clipping needs optimizer.backward(loss) instead of "
                   "loss.backward(), so that the norm is measured first");
-      if (options.clip() == Clip::global_norm_two_pass) {
-        grad.mul_(global_coef.to(grad.scalar_type()));
-      } else if (options.clip() == Clip::per_param_norm) {
-        grad.mul_(clip_coefficient(grad.norm(), options.max_grad_norm()));
-      }
-      update(p, grad);
+      clip_and_update(p, grad);
     }
     p.tensor.mutable_grad().reset();  // the whole point: the gradient is gone as soon as it is used
   }
@@ -208,7 +294,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
     for (size_t i = 0; i < group.params.size(); ++i) {
       if (seen[group.names[i]]++) throw std::invalid_argument("optimizer: parameter '" + group.names[i] + "' appears twice");
       if (!group.params[i].requires_grad()) continue;  // frozen: nothing to optimize
-      impl_->params.push_back({group.names[i], group.params[i], g, {}});
+      impl_->params.push_back({group.names[i], group.params[i], g, {}, 0, group.params[i].numel()});
     }
   }
   // Quantized state shares code tables per device: build them now rather than in the first step.
@@ -255,6 +341,10 @@ void Optimizer::backward(const at::Tensor& loss) {
       throw;
     }
     s.pass = Pass::step;
+    if (s.exchange) {
+      const double local = s.norm_sq.defined() ? s.norm_sq.item<double>() : 0.0;
+      s.norm_sq = at::scalar_tensor(s.exchange->sum(local), at::kDouble);  // every rank's owned parameters
+    }
     const at::Tensor norm = s.norm_sq.defined() ? s.norm_sq.sqrt() : at::zeros({}, at::kDouble);
     s.last_grad_norm = norm.item<double>();
     s.global_coef = clip_coefficient(norm, s.options.max_grad_norm());
@@ -262,6 +352,7 @@ void Optimizer::backward(const at::Tensor& loss) {
     // Pass 2: update with the clipped gradients.
     try {
       loss.backward();
+      if (s.exchange) s.settle();
     } catch (...) {
       s.norm_ready = false;
       throw;
@@ -270,24 +361,39 @@ void Optimizer::backward(const at::Tensor& loss) {
     return;
   }
   loss.backward();
+  if (s.exchange && s.options.mode() == Mode::in_backward) s.settle();
 }
 
 bool Optimizer::step() {
   Impl& s = *impl_;
   if (++s.micro_steps % s.options.accumulation_steps() != 0) return false;
   if (s.options.mode() == Mode::in_backward) {
+    if (s.exchange) s.settle();  // loss.backward() was called directly
     ++s.steps_taken;
     return true;
   }
   at::NoGradGuard no_grad;
+  if (s.exchange) {
+    // Every gradient on its way to its owner at once; the others' copies are dropped on arrival.
+    std::vector<Exchange::Wait> waits;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      const at::Tensor g = s.params[i].tensor.grad();
+      if (g.defined()) waits.push_back(s.exchange->average_gradient(i, g));
+    }
+    for (auto& w : waits) w();
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      if (!s.owns(i)) s.params[i].tensor.mutable_grad().reset();
+    }
+  }
   if (s.options.clip() == Clip::global_norm || s.options.clip() == Clip::global_norm_two_pass) {
     at::Tensor norm_sq;
     for (auto& p : s.params) {
       const at::Tensor g = p.tensor.grad();
       if (!g.defined()) continue;
-      const at::Tensor n = g.norm().to(at::kDouble);
+      const at::Tensor n = Impl::own(p, g).norm().to(at::kDouble);
       norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
     }
+    if (s.exchange) norm_sq = at::scalar_tensor(s.exchange->sum(norm_sq.defined() ? norm_sq.item<double>() : 0.0), at::kDouble);
     const at::Tensor norm = norm_sq.defined() ? norm_sq.sqrt() : at::zeros({}, at::kDouble);
     s.last_grad_norm = norm.item<double>();
     const at::Tensor coef = clip_coefficient(norm, s.options.max_grad_norm());
@@ -299,8 +405,12 @@ bool Optimizer::step() {
   for (auto& p : s.params) {
     at::Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
-    if (s.options.clip() == Clip::per_param_norm) g.mul_(clip_coefficient(g.norm(), s.options.max_grad_norm()));
+    if (s.options.clip() == Clip::per_param_norm) s.clip_per_param(p, Impl::own(p, g));
     s.update(p, g);
+  }
+  if (s.exchange) {
+    for (size_t i = 0; i < s.params.size(); ++i) s.shares.push_back(s.exchange->share_parameter(i, s.params[i].tensor));
+    s.settle();
   }
   ++s.steps_taken;
   return true;
@@ -319,6 +429,35 @@ void Optimizer::set_lr(size_t group, double lr) {
   TORCH_CHECK(lr >= 0, "optimizer: lr must be >= 0, got ", lr);
   impl_->group_lr.at(group) = lr;
 }
+void Optimizer::set_exchange(std::shared_ptr<Exchange> exchange) {
+  if (impl_->exchange) impl_->settle();
+  impl_->exchange = std::move(exchange);
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    Impl::Param& p = impl_->params[i];
+    const auto range = impl_->exchange ? impl_->exchange->owned_range(i) : std::make_pair<int64_t, int64_t>(0, p.tensor.numel());
+    TORCH_CHECK(range.first >= 0 && range.first <= range.second && range.second <= p.tensor.numel(),
+                "optimizer: the exchange's range of '", p.name, "' is outside its ", p.tensor.numel(), " elements");
+    TORCH_CHECK((range.first == 0 && range.second == p.tensor.numel()) || p.tensor.is_contiguous(),
+                "optimizer: parameter '", p.name, "' must be contiguous to be split over ranks");
+    if (range.first != p.begin || range.second != p.end) p.state = ParamState();  // its state lives with its owner
+    p.begin = range.first;
+    p.end = range.second;
+  }
+}
+std::vector<std::string> Optimizer::parameter_names() const {
+  std::vector<std::string> out;
+  for (const auto& p : impl_->params) out.push_back(p.name);
+  return out;
+}
+std::vector<int64_t> Optimizer::parameter_numels() const {
+  std::vector<int64_t> out;
+  for (const auto& p : impl_->params) out.push_back(p.tensor.numel());
+  return out;
+}
+void Optimizer::set_bytes_in_flight(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "optimizer: bytes in flight must be >= 0, got ", bytes);
+  impl_->bytes_in_flight = bytes;
+}
 double Optimizer::last_grad_norm() const { return impl_->last_grad_norm; }
 double Optimizer::update_seconds() const { return impl_->update_seconds; }
 double Optimizer::state_transfer_seconds() const { return impl_->state_transfer_seconds; }
@@ -328,12 +467,14 @@ TensorDict Optimizer::state_dict() const {
   TensorDict out;
   for (const auto& p : impl_->params) {
     if (p.state.step == 0) continue;
-    out[p.name + ".step"] = at::scalar_tensor(p.state.step, at::kLong);
-    if (p.state.exp_avg.defined()) out[p.name + ".exp_avg"] = p.state.exp_avg;
-    if (p.state.exp_avg_sq.defined()) out[p.name + ".exp_avg_sq"] = p.state.exp_avg_sq;
-    if (p.state.m) p.state.m->save(out, p.name + ".exp_avg");
-    if (p.state.v) p.state.v->save(out, p.name + ".exp_avg_sq");
-    if (p.state.momentum_buffer.defined()) out[p.name + ".momentum_buffer"] = p.state.momentum_buffer;
+    // A slice of a parameter split over ranks: "<name>@<begin>:<end>.<field>".
+    const std::string key = Impl::whole(p) ? p.name : p.name + "@" + std::to_string(p.begin) + ":" + std::to_string(p.end);
+    out[key + ".step"] = at::scalar_tensor(p.state.step, at::kLong);
+    if (p.state.exp_avg.defined()) out[key + ".exp_avg"] = p.state.exp_avg;
+    if (p.state.exp_avg_sq.defined()) out[key + ".exp_avg_sq"] = p.state.exp_avg_sq;
+    if (p.state.m) p.state.m->save(out, key + ".exp_avg");
+    if (p.state.v) p.state.v->save(out, key + ".exp_avg_sq");
+    if (p.state.momentum_buffer.defined()) out[key + ".momentum_buffer"] = p.state.momentum_buffer;
   }
   return out;
 }
@@ -349,10 +490,29 @@ struct SourceEntry {
   at::IntArrayRef shape;
 };
 
+// The saved state of a parameter's flattened elements [begin, end): all of them (a name without
+// "@"), or the slice one rank of a data-parallel run kept ("<name>@<begin>:<end>").
+struct SavedSlice {
+  int64_t begin = 0, end = 0;
+  bool whole = true;
+  std::map<std::string, SourceEntry> fields;  // field -> entry
+};
+
 int64_t numel_of(at::IntArrayRef shape) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   return n;
+}
+
+// "B:E" -> (B, E); false when it is not two decimal numbers.
+bool parse_range(const std::string& text, int64_t& begin, int64_t& end) {
+  const size_t colon = text.find(':');
+  auto number = [](const std::string& t, int64_t& v) {
+    if (t.empty() || t.size() > 18 || t.find_first_not_of("0123456789") != std::string::npos) return false;
+    v = std::stoll(t);
+    return true;
+  };
+  return colon != std::string::npos && number(text.substr(0, colon), begin) && number(text.substr(colon + 1), end);
 }
 
 }  // namespace
@@ -362,52 +522,80 @@ void Optimizer::load_state(const StateDictSource& source) {
   for (auto& p : impl_->params) by_name[p.name] = &p;
   // 1. Everything that can be checked from names and shapes, before a byte of data is loaded.
   std::vector<std::string> unknown, repeated, bad_shape, missing;
-  std::map<std::string, std::map<std::string, SourceEntry>> parsed;  // parameter -> field -> entry
+  std::map<std::string, std::map<std::pair<int64_t, int64_t>, SavedSlice>> parsed;  // parameter -> range -> slice
   for (const auto& [key, shape_vec] : source.entries) {
     const at::IntArrayRef shape(shape_vec);
     bool matched = false;
     for (const char* field : kStateFields) {
       const std::string suffix = std::string(".") + field;
-      if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        const std::string name = key.substr(0, key.size() - suffix.size());
-        auto it = by_name.find(name);
-        if (it == by_name.end()) break;
-        matched = true;
-        const std::string f(field);
-        const at::IntArrayRef param_shape = it->second->tensor.sizes();
-        if (f == "step" && numel_of(shape) != 1) {
-          std::ostringstream m;
-          m << key << " " << shape << " vs a single count";
-          bad_shape.push_back(m.str());
-        } else if (f != "step" && f.find('.') == std::string::npos && !shape.equals(param_shape)) {
-          std::ostringstream m;
-          m << key << " " << shape << " vs parameter " << param_shape;
-          bad_shape.push_back(m.str());
-        }
-        if (!parsed[name].emplace(f, SourceEntry{key, shape}).second) repeated.push_back(key);
+      if (key.size() <= suffix.size() || key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      const std::string base = key.substr(0, key.size() - suffix.size());
+      const size_t at = base.rfind('@');
+      const std::string name = at == std::string::npos ? base : base.substr(0, at);
+      auto it = by_name.find(name);
+      int64_t begin = 0, end = 0;
+      if (it == by_name.end() || (at != std::string::npos && !parse_range(base.substr(at + 1), begin, end))) break;
+      matched = true;
+      const int64_t n = it->second->tensor.numel();
+      const bool whole = at == std::string::npos;
+      if (whole) {
+        end = n;
+      } else if (!(begin < end && end <= n)) {
+        bad_shape.push_back(key + ": elements " + std::to_string(begin) + ":" + std::to_string(end) + " of a parameter of " +
+                            std::to_string(n));
         break;
       }
+      const std::string f(field);
+      const at::IntArrayRef param_shape = it->second->tensor.sizes();
+      if (f == "step" && numel_of(shape) != 1) {
+        std::ostringstream m;
+        m << key << " " << shape << " vs a single count";
+        bad_shape.push_back(m.str());
+      } else if (f != "step" && f.find('.') == std::string::npos &&
+                 (whole ? !shape.equals(param_shape) : !(shape.size() == 1 && shape[0] == end - begin))) {
+        std::ostringstream m;
+        m << key << " " << shape << " vs " << (whole ? "parameter " : "a slice of ");
+        if (whole) m << param_shape; else m << "[" << end - begin << "]";
+        bad_shape.push_back(m.str());
+      }
+      SavedSlice& slice = parsed[name][{begin, end}];
+      slice.begin = begin;
+      slice.end = end;
+      slice.whole = whole;
+      if (!slice.fields.emplace(f, SourceEntry{key, shape}).second) repeated.push_back(key);
+      break;
     }
     if (!matched) unknown.push_back(key);
   }
   const bool adam = impl_->options.algorithm() != Algorithm::sgd;
-  for (const auto& [name, fields] : parsed) {
-    if (!fields.count("step")) missing.push_back(name + ".step");
-    auto has = [&](const std::string& m) { return fields.count(m) || (fields.count(m + ".codes") && fields.count(m + ".absmax")); };
-    if (adam && (!has("exp_avg") || !has("exp_avg_sq"))) missing.push_back(name + ".exp_avg/exp_avg_sq");
-    for (const std::string m : {"exp_avg", "exp_avg_sq"}) {
-      const auto codes = fields.find(m + ".codes"), absmax = fields.find(m + ".absmax");
-      if (codes == fields.end() || absmax == fields.end()) continue;
-      const int64_t n = by_name.at(name)->tensor.numel(), c = numel_of(codes->second.shape), a = numel_of(absmax->second.shape);
-      if (!quantized_bits_of(n, c, a)) {
-        bad_shape.push_back(name + "." + m + ": " + std::to_string(c) + " codes and " + std::to_string(a) +
-                            " scales fit no 8- or 4-bit blocks of " + std::to_string(n) + " values");
+  for (const auto& [name, slices] : parsed) {
+    const int64_t n = by_name.at(name)->tensor.numel();
+    int64_t covered = 0;  // the slices must tile the parameter: 0:a, a:b, ..., z:n
+    for (const auto& [range, slice] : slices) {
+      const std::string label = slice.whole ? name : name + "@" + std::to_string(range.first) + ":" + std::to_string(range.second);
+      const auto& fields = slice.fields;
+      if (!fields.count("step")) missing.push_back(label + ".step");
+      auto has = [&](const std::string& m) { return fields.count(m) || (fields.count(m + ".codes") && fields.count(m + ".absmax")); };
+      if (adam && (!has("exp_avg") || !has("exp_avg_sq"))) missing.push_back(label + ".exp_avg/exp_avg_sq");
+      for (const std::string m : {"exp_avg", "exp_avg_sq"}) {
+        const auto codes = fields.find(m + ".codes"), absmax = fields.find(m + ".absmax");
+        if (codes == fields.end() || absmax == fields.end()) continue;
+        const int64_t len = range.second - range.first, c = numel_of(codes->second.shape), a = numel_of(absmax->second.shape);
+        if (!quantized_bits_of(len, c, a)) {
+          bad_shape.push_back(label + "." + m + ": " + std::to_string(c) + " codes and " + std::to_string(a) +
+                              " scales fit no 8- or 4-bit blocks of " + std::to_string(len) + " values");
+        }
       }
+      if (range.first != covered) {
+        bad_shape.push_back(name + ": the saved slices leave a gap or overlap at element " + std::to_string(std::min(covered, range.first)));
+      }
+      covered = std::max(covered, range.second);
     }
+    if (covered != n) bad_shape.push_back(name + ": the saved slices end at element " + std::to_string(covered) + " of " + std::to_string(n));
   }
   if (!source.entries.empty()) {
     for (const auto& p : impl_->params) {
-      if (!parsed.count(p.name)) missing.push_back(p.name);
+      if (!parsed.count(p.name) && impl_->owns(p)) missing.push_back(p.name);
     }
   }
   if (!unknown.empty() || !repeated.empty() || !bad_shape.empty() || !missing.empty()) {
@@ -431,27 +619,54 @@ void Optimizer::load_state(const StateDictSource& source) {
   at::NoGradGuard no_grad;
   memory::CategoryScope scope(memory::Category::optimizer_state);
   for (auto& p : impl_->params) p.state = ParamState();
+  auto load_entry = [&source](const SourceEntry& entry) {
+    at::Tensor t = source.load(entry.name);
+    if (!t.defined() || !t.sizes().equals(entry.shape)) {
+      std::ostringstream m;
+      m << "optimizer: state entry " << entry.name << " was listed as " << entry.shape << " but loaded as ";
+      if (t.defined()) m << t.sizes(); else m << "no tensor";
+      throw std::invalid_argument(m.str());
+    }
+    return t;
+  };
+  // One saved moment of a slice as fp32 values, decoded when it was saved as codes and scales.
+  auto decoded = [&](const SavedSlice& slice, const std::string& m, bool is_signed) {
+    if (slice.fields.count(m)) return load_entry(slice.fields.at(m)).reshape({-1}).to(at::kFloat);
+    TensorDict q{{m + ".codes", load_entry(slice.fields.at(m + ".codes"))}, {m + ".absmax", load_entry(slice.fields.at(m + ".absmax"))}};
+    const int64_t len = slice.end - slice.begin;
+    StateBuffer buffer(at::empty({len}, at::kFloat), is_signed, StateOptions().precision(StatePrecision::fp32));
+    buffer.restore(q, m);
+    return buffer.load(0, len, at::Device(at::kCPU)).reshape({-1});
+  };
   try {
     for (auto& p : impl_->params) {
       auto it = parsed.find(p.name);
-      if (it == parsed.end()) continue;
-      TensorDict f;  // field -> tensor, this parameter's only
-      for (const auto& [field, entry] : it->second) {
-        at::Tensor t = source.load(entry.name);
-        if (!t.defined() || !t.sizes().equals(entry.shape)) {
-          std::ostringstream m;
-          m << "optimizer: state entry " << entry.name << " was listed as " << entry.shape << " but loaded as ";
-          if (t.defined()) m << t.sizes(); else m << "no tensor";
-          throw std::invalid_argument(m.str());
+      if (it == parsed.end() || !impl_->owns(p)) continue;  // another rank's: it loads its own
+      const at::Tensor target = Impl::own(p, p.tensor);      // what this rank updates
+      TensorDict f;  // field -> tensor, this parameter's (this range's) only
+      const auto exact = it->second.find({p.begin, p.end});
+      if (exact != it->second.end()) {
+        for (const auto& [field, entry] : exact->second.fields) f[field] = load_entry(entry);
+      } else {
+        // Saved at another world size: this range's values gathered from the slices it overlaps.
+        for (const std::string m : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
+          std::vector<at::Tensor> pieces;
+          for (const auto& [range, slice] : it->second) {
+            const int64_t from = std::max(range.first, p.begin), to = std::min(range.second, p.end);
+            if (from >= to) continue;
+            if (f.count("step") == 0) f["step"] = load_entry(slice.fields.at("step"));
+            if (!slice.fields.count(m) && !slice.fields.count(m + ".codes")) continue;
+            pieces.push_back(decoded(slice, m, m != "exp_avg_sq").narrow(0, from - range.first, to - from));
+          }
+          if (!pieces.empty()) f[m] = at::cat(pieces).view(target.sizes());
         }
-        f[field] = std::move(t);
       }
-      const auto opts = p.tensor.options();
+      const auto opts = target.options();
       p.state.step = f.at("step").item<int64_t>();
       const Hyper h = impl_->hyper(p.group);
-      if (adam && h.buffered(p.tensor)) {
-        p.state.m = std::make_shared<StateBuffer>(p.tensor, true, h.state);
-        p.state.v = std::make_shared<StateBuffer>(p.tensor, false, h.state);
+      if (adam && h.buffered(target)) {
+        p.state.m = std::make_shared<StateBuffer>(target, true, h.state);
+        p.state.v = std::make_shared<StateBuffer>(target, false, h.state);
         try {
           p.state.m->restore(f, "exp_avg");
           p.state.v->restore(f, "exp_avg_sq");
@@ -461,17 +676,17 @@ void Optimizer::load_state(const StateDictSource& source) {
         continue;
       }
       auto dense = [&](const std::string& m) {
-        if (f.count(m)) return f.at(m).to(opts, /*non_blocking=*/false, /*copy=*/true);
+        if (f.count(m)) return f.at(m).view(target.sizes()).to(opts, /*non_blocking=*/false, /*copy=*/true);
         // codes and scales from a quantized optimizer: decode them
-        StateBuffer decoded(p.tensor, m == "exp_avg", StateOptions().precision(StatePrecision::fp32));
-        decoded.restore(f, m);
-        return decoded.load(0, p.tensor.numel(), p.tensor.device()).view(p.tensor.sizes()).to(opts, false, true);
+        StateBuffer decoded_state(target, m == "exp_avg", StateOptions().precision(StatePrecision::fp32));
+        decoded_state.restore(f, m);
+        return decoded_state.load(0, target.numel(), target.device()).view(target.sizes()).to(opts, false, true);
       };
       if (adam) {
         p.state.exp_avg = dense("exp_avg");
         p.state.exp_avg_sq = dense("exp_avg_sq");
       }
-      if (f.count("momentum_buffer")) p.state.momentum_buffer = f.at("momentum_buffer").to(opts, false, true);
+      if (f.count("momentum_buffer")) p.state.momentum_buffer = f.at("momentum_buffer").view(target.sizes()).to(opts, false, true);
     }
   } catch (...) {
     for (auto& p : impl_->params) p.state = ParamState();  // no half-restored state

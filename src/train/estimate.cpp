@@ -10,6 +10,7 @@
 
 #include "frugal/checkpoint/planner.h"
 #include "frugal/checkpoint/policy.h"
+#include "frugal/dist/sharded_exchange.h"
 #include "frugal/models/activation_bytes.h"
 #include "frugal/io/units.h"
 
@@ -88,7 +89,7 @@ BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& 
 // is a plain tensor nothing else holds) or always into a new tensor (1.13). Seen with the tracker.
 constexpr bool kAutogradSumsInPlace = TORCH_VERSION_MAJOR >= 2;
 
-MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size) {
+MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const DataParallel& dp = {}) {
   using memory::Category;
   models::DecoderConfig c = r.model;
   c.vocab_size = vocab_size;
@@ -102,7 +103,13 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size) {
   for (int64_t n : numels) est.n_params = checked_add(est.n_params, n, "the parameter count");
   const int64_t P = checked_mul(est.n_params, e, "the parameter bytes");
   int64_t S = 0;
-  for (int64_t n : numels) {
+  // Data parallel: the state of the parameters, and slices of parameters, this rank owns (the
+  // sizes decide the owners).
+  const dist::Ownership owners = dist::assign_owners(numels, dp.world_size);
+  for (size_t i = 0; i < numels.size(); ++i) {
+    const auto range = dist::owned_range(owners[i], dp.rank);
+    const int64_t n = range.second - range.first;
+    if (n == 0) continue;
     const optim::StateBufferBytes b = optim::state_bytes_for_parameter(n, r.dtype, r.optimizer);
     S = checked_add(S, b.total, "the optimizer state");
     est.state_in_files_bytes += b.in_files;
@@ -166,9 +173,15 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size) {
     }
     later_grads = checked_add(later_grads, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
   }
+  const int64_t largest = *std::max_element(numels.begin(), numels.end());
+  // Data parallel in in-backward mode: the gradients on their way to their owners, up to the bytes
+  // allowed in flight and the newest (optimizer.h).
+  if (in_backward && dp.world_size > 1) {
+    const int64_t in_flight = std::min(P, optim::kDefaultBytesInFlight + checked_mul(largest, e, "the gradients"));
+    for (Moment& m : moments) m.gradient = std::max(m.gradient, in_flight);
+  }
   // the optimizer step after a standard backward: every gradient and the largest update's temporaries.
   if (!in_backward) {
-    const int64_t largest = *std::max_element(numels.begin(), numels.end());
     moments.push_back({"optimizer step", 0, optim::update_temporary_bytes(largest, r.dtype, r.device, r.optimizer), P});
   }
   // Accumulating over micro-batches (standard mode), every gradient stays live from the first
@@ -194,9 +207,18 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size) {
 
 }  // namespace
 
-MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size) {
+MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, const DataParallel& dp) {
+  if (dp.world_size < 1 || dp.rank < 0 || dp.rank >= dp.world_size || r.batch_size % dp.world_size != 0) {
+    throw RecipeError("train.batch_size " + std::to_string(r.batch_size) + " does not split evenly over " +
+                      std::to_string(dp.world_size) + " ranks (rank " + std::to_string(dp.rank) + ")");
+  }
   try {
-    return estimate_unchecked(r, vocab_size);
+    if (dp.world_size > 1) {
+      Recipe share = r;
+      share.batch_size = r.batch_size / dp.world_size;
+      return estimate_unchecked(share, vocab_size, dp);
+    }
+    return estimate_unchecked(r, vocab_size, dp);
   } catch (const std::overflow_error&) {
     // Blame the size keys that, each set to 1 alone, bring the sizes back in range.
     struct SizeKey {

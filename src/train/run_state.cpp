@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -28,6 +30,14 @@ namespace {
 std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// One rank's optimizer file in a checkpoint of a data-parallel run.
+std::string shard_file_name(int64_t rank, int64_t world_size) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "optimizer.rank-%05lld-of-%05lld.safetensors", static_cast<long long>(rank),
+                static_cast<long long>(world_size));
   return buf;
 }
 
@@ -69,16 +79,43 @@ void rng_state_from_hex(const std::string& hex) {
 
 std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model,
                            const optim::Optimizer& optimizer, const std::string& recipe_yaml,
-                           const std::string& tokenizer_path, int64_t keep) {
-  io::make_directories(out_dir);
+                           const std::string& tokenizer_path, int64_t keep, dist::Group* group) {
+  const bool sharded = group && group->size() > 1;
+  const bool rank0 = !group || group->rank() == 0;
   const std::string name = step_name(state.step);
   const std::string final_dir = out_dir + "/" + name;
-  const std::string tmp_dir = out_dir + "/." + name + ".tmp-" + std::to_string(::getpid());
-  io::remove_tree(tmp_dir);
-  io::make_directories(tmp_dir);
+  // The temporary folder carries rank 0's PID (a stale one is recognised by it); the others learn it.
+  at::Tensor pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
+  if (rank0) {
+    io::make_directories(out_dir);
+    io::remove_tree(out_dir + "/." + name + ".tmp-" + std::to_string(::getpid()));
+    io::make_directories(out_dir + "/." + name + ".tmp-" + std::to_string(::getpid()));
+  }
+  if (sharded) group->broadcast_async(pid, 0, "the start of checkpoint " + name)();
+  const std::string tmp_dir = out_dir + "/." + name + ".tmp-" + std::to_string(pid.item<int64_t>());
+  if (sharded) {
+    // Each rank's own parameters' state, then rank 0 goes on once every file is in place.
+    save_optimizer_state(tmp_dir + "/" + shard_file_name(group->rank(), group->size()), optimizer);
+    group->barrier("the writing of checkpoint " + name);
+    if (!rank0) {
+      group->barrier("the commit of checkpoint " + name);
+      return final_dir;
+    }
+  }
   try {
     models::save_hf_checkpoint(model, tmp_dir);
-    save_optimizer_state(tmp_dir + "/optimizer.safetensors", optimizer);
+    if (sharded) {
+      std::ostringstream index;
+      io::JsonWriter w(index);
+      w.begin_object().key("format").value("frugal optimizer shards").key("world_size").value(group->size()).key("files").begin_array();
+      for (int64_t r = 0; r < group->size(); ++r) {
+        w.value(shard_file_name(r, group->size()));
+      }
+      w.end_array().end_object();
+      io::write_file_atomic(tmp_dir + "/optimizer_index.json", index.str());
+    } else {
+      save_optimizer_state(tmp_dir + "/optimizer.safetensors", optimizer);
+    }
     std::ostringstream json;
     io::JsonWriter w(json);
     w.begin_object()
@@ -97,6 +134,13 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
     io::remove_tree(tmp_dir);  // a failed save (a full disk) leaves nothing behind
     throw;
   }
+  struct CommitBarrier {  // the other ranks return once the checkpoint is committed (or this one failed)
+    dist::Group* group;
+    ~CommitBarrier() {
+      if (group) group->barrier("the commit of the checkpoint");
+    }
+  };
+  const CommitBarrier committed{sharded ? group : nullptr};
   io::sync_directory(out_dir);
   io::write_file_atomic(out_dir + "/latest", name + "\n");
   // Prune all but the newest `keep` checkpoints.
@@ -211,9 +255,8 @@ RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& 
                         int64_t max_step) {
   // The cheap checks first; nothing is applied to the process (RNG) until everything has loaded.
   const RunState s = read_trainer_state(checkpoint_dir, max_step);
-  const std::string opt_path = checkpoint_dir + "/optimizer.safetensors";
   models::load_hf_weights(model, checkpoint_dir);
-  load_optimizer_state(opt_path, optimizer, /*require_state=*/s.step > 0);
+  load_checkpoint_optimizer_state(checkpoint_dir, optimizer, /*require_state=*/s.step > 0);
   return s;
 }
 
@@ -223,6 +266,53 @@ void save_optimizer_state(const std::string& path, const optim::Optimizer& optim
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, tensor] : optimizer.state_dict()) tensors.emplace_back(name, tensor);
   io::write_safetensors(path, tensors);
+}
+
+void load_checkpoint_optimizer_state(const std::string& dir, optim::Optimizer& optimizer, bool require_state) {
+  const std::string index_path = dir + "/optimizer_index.json";
+  struct stat st {};
+  if (::stat(index_path.c_str(), &st) != 0) {
+    load_optimizer_state(dir + "/optimizer.safetensors", optimizer, require_state);
+    return;
+  }
+  io::JsonValue j;
+  try {
+    j = io::parse_json(io::read_file(index_path));
+  } catch (const io::JsonError& e) {
+    throw std::invalid_argument(index_path + ": " + e.what());
+  }
+  const io::JsonValue* files = j.is_object() ? j.find("files") : nullptr;
+  if (!files || !files->is_array() || files->items().empty() || files->items().size() > 4096) {
+    throw std::invalid_argument(index_path + " must be an object whose 'files' lists 1 to 4096 optimizer files");
+  }
+  // Every file opened (and its header checked) up front; entries are read one parameter at a time.
+  std::vector<std::unique_ptr<io::SafetensorsReader>> readers;
+  std::map<std::string, const io::SafetensorsReader*> holder;
+  optim::StateDictSource source;
+  try {
+    for (size_t i = 0; i < files->items().size(); ++i) {
+      const io::JsonValue& f = files->items()[i];
+      if (!f.is_string() || f.as_string().empty() || f.as_string().find('/') != std::string::npos || f.as_string()[0] == '.') {
+        throw std::invalid_argument(index_path + ": files[" + std::to_string(i) + "] must be a file name in the checkpoint's folder");
+      }
+      readers.push_back(std::make_unique<io::SafetensorsReader>(dir + "/" + f.as_string()));
+      for (const auto& t : readers.back()->tensors()) {
+        source.entries.emplace_back(t.name, t.shape);  // a name in two files is refused by load_state as repeated
+        holder.emplace(t.name, readers.back().get());
+      }
+    }
+  } catch (const io::SafetensorsError& e) {
+    throw std::invalid_argument(e.what());
+  }
+  if (require_state && source.entries.empty()) throw std::invalid_argument(index_path + " lists files that hold no optimizer state");
+  source.load = [&holder](const std::string& name) { return holder.at(name)->load(name); };
+  try {
+    optimizer.load_state(source);
+  } catch (const io::SafetensorsError& e) {
+    throw std::invalid_argument(e.what());
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(index_path + ": " + e.what());
+  }
 }
 
 void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer, bool require_state) {

@@ -11,6 +11,7 @@
 
 #include "frugal/checkpoint/planner.h"
 #include "frugal/data/corpus.h"
+#include "frugal/dist/sharded_exchange.h"
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json_value.h"
@@ -228,7 +229,15 @@ class Trainer {
   // The tokenizer and token file (made when missing), the dataset, the model config with the
   // tokenizer's vocabulary, and the memory estimates for this recipe and with techniques off.
   void setup_data() {
+    group_ = options_.group();
+    if (group_ && r_.batch_size % group_->size() != 0) {
+      throw RecipeError("train.batch_size " + std::to_string(r_.batch_size) + " does not split evenly over " +
+                        std::to_string(group_->size()) + " ranks: each rank trains on an equal share of every batch");
+    }
+    // Rank 0 makes the tokenizer and token file when they are missing; the others wait for them.
+    if (group_ && group_->rank() != 0) group_->barrier("waiting for rank 0 to prepare the data");
     data_ = prepare_data(r_, log_);
+    if (group_ && group_->rank() == 0) group_->barrier("waiting for rank 0 to prepare the data");
     tokenizer_.emplace(data::Tokenizer::load(data_.tokenizer_path));
     dataset_.emplace(data_.tokens_path, r_.val_fraction);
     if (dataset_->vocab_size() != data_.vocab_size) throw RecipeError(data_.tokens_path + " does not match the tokenizer");
@@ -247,8 +256,10 @@ class Trainer {
     }
     cfg_ = r_.model;
     cfg_.vocab_size = data_.vocab_size;
-    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size);
-    result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size);
+    const DataParallel dp{group_ ? group_->size() : 1, group_ ? group_->rank() : 0};
+    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp);
+    result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size, dp);
+    result_.world_size = dp.world_size;
   }
 
   // Every allocation from here on is tracked. The tracker keeps counters only (unless the options
@@ -298,7 +309,24 @@ class Trainer {
     }
     result_.n_params = cfg_.param_count();
     result_.vocab_size = cfg_.vocab_size;
-    optimizer_ = std::make_unique<optim::Optimizer>(param_groups(*model_), r_.optimizer);
+    optim::OptimizerOptions opt = r_.optimizer;
+    if (group_) {
+      // Every rank starts from rank 0's weights; mapped state files go to a folder per rank.
+      std::vector<dist::Group::Wait> waits;
+      at::NoGradGuard no_grad;
+      for (const auto& item : model_->named_parameters()) {
+        waits.push_back(group_->broadcast_async(item.value(), 0, "the broadcast of the initial '" + item.key() + "'"));
+      }
+      for (auto& w : waits) w();
+      if (!opt.state().mmap_dir().empty()) {
+        opt.state(optim::StateOptions(opt.state()).mmap_dir(opt.state().mmap_dir() + "/rank-" + std::to_string(group_->rank())));
+      }
+    }
+    optimizer_ = std::make_unique<optim::Optimizer>(param_groups(*model_), opt);
+    if (group_) {
+      const auto owners = dist::assign_owners(optimizer_->parameter_numels(), group_->size());
+      optimizer_->set_exchange(std::make_shared<dist::ShardedExchange>(group_, owners, optimizer_->parameter_names()));
+    }
     schedule_ = std::make_unique<optim::LRScheduler>(*optimizer_, optim::ScheduleOptions(r_.schedule).total_steps(r_.steps));
   }
 
@@ -338,7 +366,7 @@ class Trainer {
       if (!latest.empty()) {
         RunState s;
         try {
-          s = load_run_state(latest, *model_, *optimizer_, r_.steps);
+          s = load_run_state(latest, *model_, *optimizer_, r_.steps);  // each rank its own parameters' state
         } catch (const std::invalid_argument& e) {
           throw RecipeError(std::string("--resume: ") + e.what());  // a damaged checkpoint is refused, not trained on
         }
@@ -366,8 +394,9 @@ class Trainer {
 
   // Opens the metrics file where the run (re)starts and starts the throughput clock.
   void start_metrics() {
-    metrics_ = std::make_unique<MetricsFile>(r_.out_dir + "/metrics.jsonl", start_);
+    if (is_rank0()) metrics_ = std::make_unique<MetricsFile>(r_.out_dir + "/metrics.jsonl", start_);
     recipe_yaml_ = recipe_to_yaml(r_);
+    if (group_) traffic_start_ = group_->traffic();
     t_start_ = t_log_ = Clock::now();
   }
 
@@ -391,8 +420,8 @@ class Trainer {
     try {
       for (int64_t k = 0; k < micro; ++k) {
         at::Tensor loss;
-        const at::Tensor xk = micro == 1 ? x : x.narrow(0, k * r_.batch_size, r_.batch_size);
-        const at::Tensor yk = micro == 1 ? y : y.narrow(0, k * r_.batch_size, r_.batch_size);
+        const at::Tensor xk = micro == 1 ? x : x.narrow(0, k * micro_rows(), micro_rows());
+        const at::Tensor yk = micro == 1 ? y : y.narrow(0, k * micro_rows(), micro_rows());
         {
           memory::PhaseScope fw(memory::Phase::forward);
           const auto t = Clock::now();
@@ -419,6 +448,12 @@ class Trainer {
     } catch (const c10::Error&) {
       check_memory_limit();  // the allocator ran out: it told the tracker what was asked for; explain with that
       throw;
+    }
+    if (group_) {
+      // The whole batch's loss: the mean of the ranks' (equal shares).
+      at::Tensor sum = at::scalar_tensor(value, at::kDouble).reshape({1});
+      group_->allreduce_sum(sum, "the sum of the step's losses");
+      value = sum.item<double>() / static_cast<double>(group_->size());
     }
     schedule_->step();
     if (!std::isfinite(value)) throw std::runtime_error("the loss became " + std::to_string(value) + " at step " + std::to_string(step));
@@ -454,13 +489,13 @@ class Trainer {
       t_log_ = now;
       tokens_since_log_ = 0;
     }
-    metrics_->step(done, loss, p.lr, p.tokens_per_s, p.live_bytes, p.peak_bytes);
+    if (metrics_) metrics_->step(done, loss, p.lr, p.tokens_per_s, p.live_bytes, p.peak_bytes);
     if (options_.on_progress()) options_.on_progress()(p);
   }
 
   // Every train.eval_interval steps (except the last: finish() evaluates then).
   void evaluate_if_due(int64_t done) {
-    if (r_.eval_interval <= 0 || done % r_.eval_interval != 0 || done == r_.steps) return;
+    if (r_.eval_interval <= 0 || done % r_.eval_interval != 0 || done == r_.steps || !is_rank0()) return;
     const double v = evaluate();
     metrics_->validation(done, v);
     char line[96];
@@ -478,7 +513,8 @@ class Trainer {
     s.schedule_step = schedule_->last_step();
     s.rng_state_hex = rng_state_to_hex();
     s.last_loss = loss;
-    result_.checkpoint = save_run_state(r_.out_dir, s, *model_, *optimizer_, recipe_yaml_, data_.tokenizer_path, r_.keep_checkpoints);
+    result_.checkpoint = save_run_state(r_.out_dir, s, *model_, *optimizer_, recipe_yaml_, data_.tokenizer_path, r_.keep_checkpoints,
+                                        group_.get());
   }
 
   // Throughput, the measured peak, the final validation loss, and a sample.
@@ -489,6 +525,25 @@ class Trainer {
     result_.peak = peak_memory_after_training();
     result_.process_after_steps = memory::process_memory();
     result_.tracked_after_steps = tracker_->live_bytes();
+    if (group_) {
+      // Every rank's peak by category, for rank 0's summary (this rank's is result_.peak).
+      std::vector<int64_t> mine(result_.peak.breakdown.begin(), result_.peak.breakdown.end());
+      mine.push_back(result_.peak.peak_bytes);
+      const std::vector<int64_t> all = group_->allgather(mine, "the gathering of the ranks' peaks");
+      for (int64_t rank = 0; rank < group_->size(); ++rank) {
+        memory::CategoryBytes b{};
+        for (size_t c = 0; c < b.size(); ++c) b[c] = all[static_cast<size_t>(rank) * mine.size() + c];
+        result_.peak_by_rank.push_back(b);
+        result_.peak_bytes_by_rank.push_back(all[static_cast<size_t>(rank) * mine.size() + b.size()]);
+      }
+      // The steps' collectives (from the first step to the last, checkpoints included).
+      const dist::Traffic now = group_->traffic();
+      result_.traffic.reduce_bytes = now.reduce_bytes - traffic_start_.reduce_bytes;
+      result_.traffic.broadcast_bytes = now.broadcast_bytes - traffic_start_.broadcast_bytes;
+      result_.traffic.allreduce_bytes = now.allreduce_bytes - traffic_start_.allreduce_bytes;
+      result_.traffic.calls = now.calls - traffic_start_.calls;
+      if (!is_rank0()) return std::move(result_);  // rank 0 evaluates and samples
+    }
     log_("final evaluation on " + std::to_string(r_.eval_batches) + " validation batches");
     result_.val_loss = evaluate();
     metrics_->validation(result_.last_step, result_.val_loss);
@@ -522,8 +577,23 @@ class Trainer {
     memory::CategoryScope scope(memory::Category::input);
     auto b = dataset_->train_batch(step, r_.batch_size * r_.optimizer.accumulation_steps(), r_.seq_len,
                                    static_cast<uint64_t>(r_.seed));
+    if (group_) {
+      // This rank's share of each micro-batch: rows [k B + r B/N, k B + (r+1) B/N) of micro-batch k,
+      // so the micro-batches are one process's, split across the ranks.
+      const int64_t share = r_.batch_size / group_->size(), micro = r_.optimizer.accumulation_steps();
+      std::vector<int64_t> rows;
+      for (int64_t k = 0; k < micro; ++k) {
+        for (int64_t i = 0; i < share; ++i) rows.push_back(k * r_.batch_size + group_->rank() * share + i);
+      }
+      const at::Tensor index = at::tensor(rows, at::kLong);
+      b = std::make_pair(b.first.index_select(0, index), b.second.index_select(0, index));
+    }
     return std::make_pair(b.first.to(r_.device), b.second.to(r_.device));
   }
+
+  bool is_rank0() const { return !group_ || group_->rank() == 0; }
+  // Rows of one micro-batch on this rank.
+  int64_t micro_rows() const { return group_ ? r_.batch_size / group_->size() : r_.batch_size; }
 
   // The mean loss over train.eval_batches validation batches.
   double evaluate() {
@@ -552,6 +622,8 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRScheduler> schedule_;
   std::unique_ptr<MetricsFile> metrics_;
+  std::shared_ptr<dist::Group> group_;
+  dist::Traffic traffic_start_;
   std::string recipe_yaml_;
   int64_t start_ = 0, stop_ = 0;
   Clock::time_point t_start_, t_log_;

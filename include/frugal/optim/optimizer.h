@@ -23,6 +23,12 @@
 // backward() on each micro-batch and step()/zero_grad() after each; step() updates on every N-th
 // call only (it returns whether it did). In-backward mode frees each gradient as soon as it is
 // used, so accumulation is refused at construction.
+//
+// Data parallel (exchange.h): with an Exchange set, each gradient is averaged over the ranks before
+// it is used — in in-backward mode inside its hook, several in flight while backward goes on — and
+// only the parameters this rank owns keep state and are updated; their owners then send the new
+// values to the other ranks. Clipping uses the averaged gradients (the global norm is summed over
+// the ranks' owned parameters), and the state dict holds the owned parameters' state only.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "frugal/optim/exchange.h"
 #include "frugal/optim/update.h"
 
 namespace frugal {
@@ -104,6 +111,9 @@ struct StateDictSource {
   std::function<at::Tensor(const std::string&)> load;                  // the entry's tensor, of that shape
 };
 
+// set_bytes_in_flight's default.
+constexpr int64_t kDefaultBytesInFlight = 4 << 20;
+
 class Optimizer {
  public:
   // Throws std::invalid_argument for a combination the mode cannot do (see above) or bad values.
@@ -123,6 +133,16 @@ class Optimizer {
   // Frees the gradients (after an update, when accumulating).
   void zero_grad();
 
+  // Data-parallel training: set before the first backward (and before load_state); null: one
+  // process. The state of parameters this rank does not own is dropped.
+  void set_exchange(std::shared_ptr<Exchange> exchange);
+  // The optimized parameters in the order an Exchange indexes them.
+  std::vector<std::string> parameter_names() const;
+  std::vector<int64_t> parameter_numels() const;
+  // Of the in-backward mode's gradients, how many bytes may be waiting for their average at once
+  // before backward waits for the oldest (kDefaultBytesInFlight; one gradient is always allowed).
+  void set_bytes_in_flight(int64_t bytes);
+
   const OptimizerOptions& options() const;
   size_t num_groups() const;
   double lr(size_t group = 0) const;
@@ -137,7 +157,8 @@ class Optimizer {
   // the optimizer lives (mmap placement's live in its mapped files).
   TensorDict state_dict() const;
   // Loads state saved in either mode, from any precision and placement. Throws
-  // std::invalid_argument listing unknown or repeated names, missing parameters and shape
+  // std::invalid_argument listing unknown or repeated names, missing parameters (owned ones, with
+  // an Exchange: the others' entries are checked and skipped) and shape
   // mismatches, found from the names and shapes alone before any data is loaded. Then restores
   // one parameter at a time, loading only that parameter's entries. An empty source resets the
   // state. Should a load fail part-way, every parameter is left with empty state (as a new

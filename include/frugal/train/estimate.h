@@ -30,7 +30,15 @@ struct MemoryEstimate {
   int64_t state_off_device_bytes = 0;   // optimizer state in host memory or files while training on a GPU
 };
 
-MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size);
+// One rank of a data-parallel job (dist/): its share of each batch (batch_size / world_size rows),
+// the optimizer state of the parameters it owns (dist::assign_owners), and in in-backward mode the
+// gradients waiting for their averages (up to optim::kDefaultBytesInFlight plus the newest).
+struct DataParallel {
+  int64_t world_size = 1;
+  int64_t rank = 0;
+};
+
+MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size, const DataParallel& dp = {});
 
 // The same job with every memory technique off: no checkpointing, plain loss, optimizer after
 // backward, fp32 optimizer state on the device.

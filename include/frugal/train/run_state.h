@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "frugal/dist/group.h"
 #include "frugal/models/decoder.h"
 #include "frugal/optim/optimizer.h"
 
@@ -27,10 +28,14 @@ struct RunState {
   double last_loss = 0;
 };
 
-// Returns the folder written.
+// Returns the folder written. With a group of N > 1 ranks every rank calls it: each writes the state
+// of the parameters it owns as optimizer.rank-R-of-N.safetensors into rank 0's temporary folder,
+// and rank 0 writes the rest, an index of those files (optimizer_index.json) and commits. A
+// checkpoint resumes at any world size: each rank loads its own parameters' state from whichever
+// file holds it.
 std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model,
                            const optim::Optimizer& optimizer, const std::string& recipe_yaml,
-                           const std::string& tokenizer_path, int64_t keep);
+                           const std::string& tokenizer_path, int64_t keep, dist::Group* group = nullptr);
 
 // Removes out_dir's checkpoint folders still under their temporary name (".step-N.tmp-PID") whose
 // writer is dead, as a kill mid-save leaves them; a live process's are left alone. Returns how many.
@@ -56,6 +61,9 @@ RunState read_trainer_state(const std::string& checkpoint_dir, int64_t max_step 
 void save_optimizer_state(const std::string& path, const optim::Optimizer& optimizer);
 // require_state: refuse a file with no state at all (a checkpoint after step 0).
 void load_optimizer_state(const std::string& path, optim::Optimizer& optimizer, bool require_state = false);
+// A checkpoint folder's optimizer state, from optimizer.safetensors or, when the folder has
+// optimizer_index.json, from the per-rank files it lists (a folder name each, nothing else).
+void load_checkpoint_optimizer_state(const std::string& checkpoint_dir, optim::Optimizer& optimizer, bool require_state);
 
 std::string rng_state_to_hex();
 // Throws std::invalid_argument unless hex is exactly the CPU generator's state (rng_state_bytes()).

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "frugal/data/tokenizer.h"
+#include "frugal/dist/group.h"
 #include "frugal/memory/process.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/train/estimate.h"
@@ -53,6 +54,11 @@ struct TrainOptions {
   TORCH_ARG(bool, keep_events) = false;   // keep the allocation timeline (exact categories; memory grows with the run)
   TORCH_ARG(int64_t, memory_limit) = 0;   // bytes; > 0: stop with an explanation once live memory exceeds it
   TORCH_ARG(std::vector<int64_t>, capture_steps) = {};  // with keep_events: full events only for these steps
+  // Data parallel: this process is one rank of the group. Each rank trains on its share of every
+  // batch (train.batch_size / world size rows), gradients are averaged, optimizer state is sharded
+  // (dist/sharded_exchange.h); rank 0 alone writes metrics, evaluates, samples and writes the
+  // checkpoint's shared files. The losses are the whole batch's, as one process would compute them.
+  TORCH_ARG(std::shared_ptr<dist::Group>, group) = nullptr;
 };
 
 // Thrown when the run crossed options.memory_limit or the allocator ran out; what() explains which
@@ -94,6 +100,12 @@ struct TrainResult {
   // live bytes at that moment: what the tracker does not see is the difference.
   memory::ProcessMemory process_after_steps;
   int64_t tracked_after_steps = 0;
+  // Data parallel: the world size, and every rank's measured peak by category (rank order; this
+  // rank's is `peak`), gathered at the end. Empty in one process.
+  int64_t world_size = 1;
+  std::vector<memory::CategoryBytes> peak_by_rank;
+  std::vector<int64_t> peak_bytes_by_rank;
+  dist::Traffic traffic;  // this rank's collectives
 };
 
 struct PreparedData {

@@ -1,0 +1,96 @@
+// frugal/dist/group.h — the processes of one data-parallel job: torchrun's environment, a c10d
+// process group (Gloo on CPU tensors), and the few collectives frugal uses, with clear errors.
+//
+// A job of N processes (ranks) is described by torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Rank 0 hosts the rendezvous store (c10d's TCPStore)
+// on MASTER_ADDR:MASTER_PORT; every rank joins it, then the Gloo group. Collectives are counted
+// (bytes each rank hands over), time out after `timeout`, and a failure (a rank died, hung or was
+// killed) is a dist::CollectiveError saying which collective failed and which rank is suspect.
+//
+//   auto env = frugal::dist::environment_from_variables();   // nullopt: no WORLD_SIZE, one process
+//   auto group = frugal::dist::Group::create(*env, std::chrono::seconds(300));
+//   group->allreduce_sum(t);                                   // t: a CPU tensor, summed in place
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace frugal {
+namespace dist {
+
+// torchrun's environment contract.
+struct Environment {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t local_rank = 0;
+  int64_t local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int64_t master_port = 29500;
+};
+
+// The job described by the process's environment: nullopt when WORLD_SIZE is unset. Throws
+// std::invalid_argument naming the variable when one is missing or malformed (RANK outside
+// [0, WORLD_SIZE), a port outside 1-65535, ...).
+std::optional<Environment> environment_from_variables();
+// The variables that describe `env` (for a launcher to set in a child).
+std::vector<std::pair<std::string, std::string>> environment_variables(const Environment& env);
+
+// A collective that did not complete: a rank died, hung past the timeout, or the network failed.
+struct CollectiveError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Bytes handed to collectives by this rank, by kind (the payload; what the algorithm sends on the
+// wire is measured by the data-parallel benchmark).
+struct Traffic {
+  int64_t reduce_bytes = 0;     // gradients sent to their owners
+  int64_t broadcast_bytes = 0;  // parameters sent from their owners
+  int64_t allreduce_bytes = 0;  // small sums: losses, norms, step summaries
+  int64_t calls = 0;
+};
+
+class Group {
+ public:
+  // Joins (rank 0: hosts) the store and builds the Gloo group. Throws std::invalid_argument when
+  // MASTER_PORT is taken on rank 0, std::runtime_error when the store cannot be reached within the
+  // timeout.
+  static std::shared_ptr<Group> create(const Environment& env, std::chrono::milliseconds timeout);
+  ~Group();
+
+  int64_t rank() const { return env_.rank; }
+  int64_t size() const { return env_.world_size; }
+  const Environment& environment() const { return env_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  using Wait = std::function<void()>;
+  // Sum into `t` on `root` (the others' t is left unspecified). fp32/fp64 CPU tensors; bf16 and
+  // fp16 are summed in fp32. `what` names the collective in errors.
+  Wait reduce_sum_async(const at::Tensor& t, int64_t root, const std::string& what);
+  // root's t into every rank's t (bitwise: any dtype).
+  Wait broadcast_async(const at::Tensor& t, int64_t root, const std::string& what);
+  void allreduce_sum(const at::Tensor& t, const std::string& what);  // blocking; fp32/fp64/int64
+  std::vector<int64_t> allgather(const std::vector<int64_t>& mine, const std::string& what);  // every rank's, rank order
+  void barrier(const std::string& what);
+
+  const Traffic& traffic() const { return traffic_; }
+
+  struct Impl;
+
+ private:
+  Group(Environment env, std::chrono::milliseconds timeout);
+  Environment env_;
+  std::chrono::milliseconds timeout_;
+  Traffic traffic_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dist
+}  // namespace frugal

@@ -1,0 +1,47 @@
+// frugal/dist/launch.h — start N local ranks of one command, as torchrun does, and supervise them.
+//
+// Each child is the same executable with torchrun's variables set (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; group.h), OMP_NUM_THREADS = cores / N unless set,
+// and dies with the launcher (PR_SET_PDEATHSIG). Rank 0 keeps the launcher's terminal; the others
+// write to log_dir/rank-R.log. When a rank fails (exits non-zero or is killed) the launcher stops
+// the others (SIGTERM, then SIGKILL after `grace`) and reports which rank failed and how.
+//
+//   auto r = frugal::dist::launch_local(frugal::dist::LaunchOptions{2, {"/proc/self/exe", "train", "tiny"}, "out/logs"}, log);
+//   return r.exit_code;
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace frugal {
+namespace dist {
+
+struct LaunchOptions {
+  int64_t nproc = 2;
+  std::vector<std::string> argv;   // argv[0]: the executable
+  std::string log_dir;             // ranks 1.. write rank-R.log here
+  int64_t threads_per_rank = 0;    // 0: the machine's cores / nproc (at least 1), unless OMP_NUM_THREADS is set
+  std::chrono::milliseconds grace{10000};
+};
+
+struct LaunchResult {
+  int exit_code = 0;        // 0 when every rank succeeded; else the first failed rank's code (1 if it was killed)
+  int64_t failed_rank = -1;
+  std::string failure;      // "rank 1 was killed by signal 9 (Killed)"
+  int64_t port = 0;         // MASTER_PORT the ranks used
+};
+
+// A free TCP port on 127.0.0.1 (the kernel's choice), for MASTER_PORT.
+int64_t free_port();
+
+// Throws std::invalid_argument when nproc < 1 or the log folder cannot be made, std::runtime_error
+// when a child cannot be started. `log` gets a line when the ranks start and when one fails.
+LaunchResult launch_local(const LaunchOptions& options, const std::function<void(const std::string&)>& log);
+
+}  // namespace dist
+}  // namespace frugal

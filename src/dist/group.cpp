@@ -1,0 +1,220 @@
+#include "frugal/dist/group.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+namespace frugal {
+namespace dist {
+namespace {
+
+// A variable's integer value in [lo, hi], or the default when unset.
+int64_t integer_variable(const char* name, int64_t lo, int64_t hi, std::optional<int64_t> fallback) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) {
+    if (fallback) return *fallback;
+    throw std::invalid_argument(std::string("the environment variable ") + name + " must be set for a distributed run (WORLD_SIZE is set)");
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) {
+    throw std::invalid_argument(std::string("the environment variable ") + name + " is '" + text + "'; it must be an integer in [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+// The first line of an error, without LibTorch's "[file:line] " prefix or its backtrace.
+std::string first_line(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  std::string m = c10 ? c10->what_without_backtrace() : e.what();
+  m = m.substr(0, m.find('\n'));
+  if (!m.empty() && m[0] == '[') {
+    const size_t close = m.find("] ");
+    if (close != std::string::npos && close < 200) m = m.substr(close + 2);
+  }
+  return m;
+}
+
+bool is_loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1"; }
+
+}  // namespace
+
+std::optional<Environment> environment_from_variables() {
+  const char* ws = std::getenv("WORLD_SIZE");
+  if (!ws || !*ws) return std::nullopt;
+  Environment env;
+  env.world_size = integer_variable("WORLD_SIZE", 1, 4096, std::nullopt);
+  env.rank = integer_variable("RANK", 0, env.world_size - 1, std::nullopt);
+  env.local_world_size = integer_variable("LOCAL_WORLD_SIZE", 1, env.world_size, env.world_size);
+  env.local_rank = integer_variable("LOCAL_RANK", 0, env.local_world_size - 1, env.rank % env.local_world_size);
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (env.world_size > 1 && (!addr || !*addr)) {
+    throw std::invalid_argument("the environment variable MASTER_ADDR must be set for a distributed run (rank 0's host name or address)");
+  }
+  if (addr && *addr) env.master_addr = addr;
+  env.master_port = integer_variable("MASTER_PORT", 1, 65535, env.world_size > 1 ? std::nullopt : std::optional<int64_t>(29500));
+  return env;
+}
+
+std::vector<std::pair<std::string, std::string>> environment_variables(const Environment& env) {
+  return {{"RANK", std::to_string(env.rank)},
+          {"WORLD_SIZE", std::to_string(env.world_size)},
+          {"LOCAL_RANK", std::to_string(env.local_rank)},
+          {"LOCAL_WORLD_SIZE", std::to_string(env.local_world_size)},
+          {"MASTER_ADDR", env.master_addr},
+          {"MASTER_PORT", std::to_string(env.master_port)}};
+}
+
+struct Group::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+};
+
+Group::Group(Environment env, std::chrono::milliseconds timeout)
+    : env_(std::move(env)), timeout_(timeout), impl_(std::make_unique<Impl>()) {}
+Group::~Group() = default;
+
+std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::milliseconds timeout) {
+  std::shared_ptr<Group> g(new Group(env, timeout));
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(env.master_port);
+    o.isServer = env.rank == 0;
+    o.numWorkers = static_cast<size_t>(env.world_size);
+    o.waitWorkers = true;
+    o.timeout = timeout;
+    g->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+  } catch (const std::exception& e) {
+    const std::string m = first_line(e);
+    if (env.rank == 0 && (m.find("EADDRINUSE") != std::string::npos || m.find("ddress already in use") != std::string::npos)) {
+      throw std::invalid_argument("MASTER_PORT " + std::to_string(env.master_port) + " is already in use on " + env.master_addr +
+                                  ", so rank 0 cannot host the rendezvous store there; choose a free port");
+    }
+    if (env.rank == 0) {
+      throw std::runtime_error("rank 0 could not host the rendezvous store on " + where + " or not every one of the " +
+                               std::to_string(env.world_size) + " ranks joined it within " + std::to_string(timeout.count() / 1000) +
+                               " s: " + m);
+    }
+    throw std::runtime_error("rank " + std::to_string(env.rank) + " could not reach the rendezvous store at " + where + " within " +
+                             std::to_string(timeout.count() / 1000) + " s (is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?): " + m);
+  }
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (is_loopback(env.master_addr)) {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    options->timeout = timeout;
+    options->threads = 2;
+    g->impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(g->impl_->store, static_cast<int>(env.rank),
+                                                                 static_cast<int>(env.world_size), options);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(env.rank) + " could not connect to the other ranks (Gloo, rendezvous at " + where +
+                             "): " + first_line(e));
+  }
+  return g;
+}
+
+namespace {
+
+// Waits for a c10d work, turning its failure into one sentence.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const Environment& env, std::chrono::milliseconds timeout,
+              const std::string& what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    const std::string suspect = env.world_size == 2 ? "rank " + std::to_string(1 - env.rank) : "another rank";
+    throw CollectiveError("rank " + std::to_string(env.rank) + ": " + what + " failed: " + first_line(e) + " (" + suspect +
+                          " has probably died or stopped answering; collectives time out after " +
+                          std::to_string(timeout.count() / 1000) + " s)");
+  }
+}
+
+bool summable(at::ScalarType t) { return t == at::kFloat || t == at::kDouble || t == at::kLong || t == at::kInt; }
+
+}  // namespace
+
+Group::Wait Group::reduce_sum_async(const at::Tensor& t, int64_t root, const std::string& what) {
+  TORCH_CHECK(t.device().is_cpu(), "dist: ", what, " must be a CPU tensor for Gloo");
+  // Gloo reduces dense tensors of a few dtypes: others (bf16, fp16) and strided ones go through a copy.
+  const bool copy = !summable(t.scalar_type()) || !t.is_contiguous();
+  at::Tensor buf = copy ? t.to(summable(t.scalar_type()) ? t.scalar_type() : at::kFloat).contiguous() : t;
+  std::vector<at::Tensor> list{buf};
+  c10d::ReduceOptions o;
+  o.rootRank = root;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  auto work = impl_->gloo->reduce(list, o);
+  traffic_.reduce_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  ++traffic_.calls;
+  const Environment env = env_;
+  const auto timeout = timeout_;
+  const bool at_root = env_.rank == root;
+  return [work, buf, t, copy, env, timeout, what, at_root]() {
+    wait_for(work, env, timeout, what);
+    if (copy && at_root) t.copy_(buf);
+  };
+}
+
+Group::Wait Group::broadcast_async(const at::Tensor& t, int64_t root, const std::string& what) {
+  TORCH_CHECK(t.device().is_cpu(), "dist: ", what, " must be a CPU tensor for Gloo");
+  // Bytes, so that any dtype goes through unchanged.
+  const bool copy = !t.is_contiguous();
+  at::Tensor dense = copy ? t.contiguous() : t;
+  at::Tensor bytes = dense.view({-1}).view(at::kByte);
+  std::vector<at::Tensor> list{bytes};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  auto work = impl_->gloo->broadcast(list, o);
+  traffic_.broadcast_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  ++traffic_.calls;
+  const Environment env = env_;
+  const auto timeout = timeout_;
+  return [work, dense, t, copy, env, timeout, what]() {
+    wait_for(work, env, timeout, what);
+    if (copy) t.copy_(dense);
+  };
+}
+
+void Group::allreduce_sum(const at::Tensor& t, const std::string& what) {
+  TORCH_CHECK(t.device().is_cpu() && summable(t.scalar_type()) && t.is_contiguous(),
+              "dist: ", what, ": allreduce_sum takes a dense CPU tensor of fp32, fp64, int32 or int64");
+  std::vector<at::Tensor> list{t};
+  auto work = impl_->gloo->allreduce(list);
+  traffic_.allreduce_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  ++traffic_.calls;
+  wait_for(work, env_, timeout_, what);
+}
+
+std::vector<int64_t> Group::allgather(const std::vector<int64_t>& mine, const std::string& what) {
+  at::Tensor in = at::tensor(mine, at::kLong);
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int64_t r = 0; r < env_.world_size; ++r) out[0].push_back(at::empty_like(in));
+  std::vector<at::Tensor> inputs{in};
+  auto work = impl_->gloo->allgather(out, inputs);
+  ++traffic_.calls;
+  wait_for(work, env_, timeout_, what);
+  std::vector<int64_t> all;
+  for (const at::Tensor& t : out[0]) {
+    const auto* p = t.data_ptr<int64_t>();
+    all.insert(all.end(), p, p + t.numel());
+  }
+  return all;
+}
+
+void Group::barrier(const std::string& what) {
+  auto work = impl_->gloo->barrier();
+  ++traffic_.calls;
+  wait_for(work, env_, timeout_, what);
+}
+
+}  // namespace dist
+}  // namespace frugal

@@ -1,0 +1,170 @@
+#include "frugal/dist/launch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "frugal/dist/group.h"
+#include "frugal/io/files.h"
+
+namespace frugal {
+namespace dist {
+namespace {
+
+volatile sig_atomic_t g_forward_signal = 0;
+void remember_signal(int sig) { g_forward_signal = sig; }
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
+  }
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+}  // namespace
+
+int64_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("cannot open a socket to find a free port");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot find a free port on 127.0.0.1");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const std::string&)>& log) {
+  if (o.nproc < 1) throw std::invalid_argument("--nproc must be >= 1, got " + std::to_string(o.nproc));
+  if (o.argv.empty()) throw std::invalid_argument("launch_local needs the command to run");
+  io::make_directories(o.log_dir);
+  LaunchResult result;
+  Environment env;
+  env.world_size = env.local_world_size = o.nproc;
+  if (const char* addr = std::getenv("MASTER_ADDR")) env.master_addr = addr;
+  const char* port = std::getenv("MASTER_PORT");
+  env.master_port = port && *port ? std::atoll(port) : free_port();
+  result.port = env.master_port;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t threads = o.threads_per_rank > 0 ? o.threads_per_rank : std::max<int64_t>(1, cores / o.nproc);
+
+  std::vector<char*> argv;
+  for (const std::string& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<pid_t> pids;
+  struct sigaction forward {}, old_int {}, old_term {};
+  forward.sa_handler = remember_signal;
+  ::sigaction(SIGINT, &forward, &old_int);
+  ::sigaction(SIGTERM, &forward, &old_term);
+  const pid_t launcher = ::getpid();
+  for (int64_t rank = 0; rank < o.nproc; ++rank) {
+    env.rank = env.local_rank = rank;
+    const std::string log_path = o.log_dir + "/rank-" + std::to_string(rank) + ".log";
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      throw std::runtime_error("cannot start rank " + std::to_string(rank) + ": fork failed");
+    }
+    if (pid == 0) {
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(1);  // the launcher died before the request took
+      for (const auto& [k, v] : environment_variables(env)) ::setenv(k.c_str(), v.c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 0);
+      if (rank > 0) {
+        const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+          ::dup2(fd, STDOUT_FILENO);
+          ::dup2(fd, STDERR_FILENO);
+        }
+      }
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::string list;
+  for (size_t i = 0; i < pids.size(); ++i) list += (i ? ", " : "") + std::to_string(pids[i]);
+  log("started " + std::to_string(o.nproc) + " ranks on 127.0.0.1:" + std::to_string(env.master_port) + " (pids " + list + ")" +
+      (o.nproc == 1 ? std::string() : o.nproc == 2 ? "; rank 1 logs to " + o.log_dir + "/rank-1.log"
+                                                   : "; ranks 1-" + std::to_string(o.nproc - 1) + " log to " + o.log_dir + "/rank-R.log"));
+
+  std::vector<bool> running(pids.size(), true);
+  size_t left = pids.size();
+  auto stop_others = [&]() {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (running[i]) ::kill(pids[i], SIGTERM);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + o.grace;
+    while (left > 0) {
+      int status = 0;
+      const pid_t done = ::waitpid(-1, &status, WNOHANG);
+      if (done > 0) {
+        for (size_t i = 0; i < pids.size(); ++i) {
+          if (pids[i] == done && running[i]) { running[i] = false; --left; }
+        }
+        continue;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (size_t i = 0; i < pids.size(); ++i) {
+          if (running[i]) ::kill(pids[i], SIGKILL);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+  while (left > 0) {
+    if (g_forward_signal) {
+      const int sig = g_forward_signal;
+      g_forward_signal = 0;
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (running[i]) ::kill(pids[i], sig);
+      }
+    }
+    int status = 0;
+    const pid_t done = ::waitpid(-1, &status, WNOHANG);
+    if (done <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    size_t rank = pids.size();
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (pids[i] == done) rank = i;
+    }
+    if (rank == pids.size() || !running[rank]) continue;
+    running[rank] = false;
+    --left;
+    const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (failed && result.failed_rank < 0) {
+      result.failed_rank = static_cast<int64_t>(rank);
+      result.failure = "rank " + std::to_string(rank) + " " + describe_status(status);
+      result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+      if (left > 0) log(result.failure + (rank > 0 ? " (its log: " + o.log_dir + "/rank-" + std::to_string(rank) + ".log)" : "") +
+                        "; stopping the other ranks");
+      stop_others();
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  return result;
+}
+
+}  // namespace dist
+}  // namespace frugal
