@@ -1,5 +1,6 @@
 // frugal bench NAME — benchmarks that print memory and time against the plain version as ratios,
-// measured in one run. NAME: checkpoint, chunked-loss, optim-in-backward, train, optim-state.
+// measured in one run. NAME: checkpoint, chunked-loss, optim-in-backward, train, optim-state,
+// data-parallel.
 #include <iostream>
 #include <sstream>
 
@@ -25,13 +26,15 @@ const char* kBenchUsage =
     "               GFLOP/s against matmul GFLOP/s, peak_bytes_all_on / peak_bytes_all_off\n"
     "  optim-state  AdamW state in fp32, bf16, 8-bit, 4-bit: bytes per parameter, step time vs fp32,\n"
     "               and with --steps N the default recipe's final loss per precision\n"
+    "  data-parallel  a recipe on 1 rank and on N ranks with the cores split between them: tokens/s,\n"
+    "               bytes on the wire per step against the minimum, each rank's peak by category\n"
     "\n"
     "'frugal bench NAME --help' describes its flags.\n";
 
 }  // namespace
 
 int run_bench(int argc, char** argv) {
-  if (argc < 3) throw UsageError("bench needs a benchmark name (checkpoint, chunked-loss, optim-in-backward, train, optim-state); 'frugal bench --help' lists them");
+  if (argc < 3) throw UsageError("bench needs a benchmark name (checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel); 'frugal bench --help' lists them");
   if (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
     std::cout << kBenchUsage;
     return 0;
@@ -42,7 +45,8 @@ int run_bench(int argc, char** argv) {
   if (name == "optim-in-backward") return bench_optim_in_backward(argc, argv);
   if (name == "train") return bench_train(argc, argv);
   if (name == "optim-state") return bench_optim_state(argc, argv);
-  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train, optim-state)");
+  if (name == "data-parallel") return bench_data_parallel(argc, argv);
+  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel)");
 }
 
 }  // namespace cli

@@ -333,6 +333,7 @@ int run_train(int argc, char** argv) {
   }
 
   if (nproc > 1) return launch_ranks(argc, argv, nproc, recipe.out_dir);
+  dist::use_launcher_threads();  // a rank started by --nproc: its share of the cores
   std::shared_ptr<dist::Group> group;
   if (env && env->world_size > 1) {
     group = dist::Group::create(*env, std::chrono::milliseconds(static_cast<int64_t>(dist_timeout * 1000)));

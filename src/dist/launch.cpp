@@ -1,5 +1,7 @@
 #include "frugal/dist/launch.h"
 
+#include <ATen/Parallel.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -33,6 +35,13 @@ std::string describe_status(int status) {
 }
 
 }  // namespace
+
+void use_launcher_threads() {
+  const char* text = std::getenv("FRUGAL_NUM_THREADS");
+  if (!text || !*text) return;
+  const long long n = std::atoll(text);
+  if (n >= 1 && n <= 4096) at::set_num_threads(static_cast<int>(n));
+}
 
 int64_t free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -87,8 +96,12 @@ LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) ::_exit(1);  // the launcher died before the request took
       for (const auto& [k, v] : environment_variables(env)) ::setenv(k.c_str(), v.c_str(), 1);
-      ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 0);
-      if (rank > 0) {
+      if (threads < static_cast<int64_t>(cores)) {  // a share of the cores (all of them: LibTorch's defaults)
+        ::setenv("FRUGAL_NUM_THREADS", std::to_string(threads).c_str(), 1);
+        ::setenv("OPENBLAS_NUM_THREADS", std::to_string(threads).c_str(), 1);
+        if (threads > 1) ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+      }
+      if (rank > 0 || o.rank0_to_log) {
         const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd >= 0) {
           ::dup2(fd, STDOUT_FILENO);
