@@ -336,7 +336,9 @@ int run_train(int argc, char** argv) {
   dist::use_launcher_threads();  // a rank started by --nproc: its share of the cores
   std::shared_ptr<dist::Group> group;
   if (env && env->world_size > 1) {
-    group = dist::Group::create(*env, std::chrono::milliseconds(static_cast<int64_t>(dist_timeout * 1000)));
+    // On GPUs each rank takes the device of its local rank (cuda:LOCAL_RANK) unless the recipe names one.
+    if (recipe.device.is_cuda() && !recipe.device.has_index()) recipe.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
+    group = dist::Group::create(*env, std::chrono::milliseconds(static_cast<int64_t>(dist_timeout * 1000)), recipe.device);
   }
   const bool rank0 = !group || group->rank() == 0;
   warn_if_slow_blas();

@@ -1,7 +1,10 @@
 #include "frugal/dist/group.h"
 
+#include "backend.h"
+
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -72,14 +75,24 @@ std::vector<std::pair<std::string, std::string>> environment_variables(const Env
 
 struct Group::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<BackendBase> gloo;  // CPU tensors
+  c10::intrusive_ptr<BackendBase> nccl;  // CUDA tensors, when made for a CUDA device
+
+  BackendBase& for_tensor(const at::Tensor& t, const std::string& what) {
+    if (t.is_cuda()) {
+      TORCH_CHECK(nccl, "dist: ", what, " is on a CUDA device but the group was made for the CPU");
+      return *nccl;
+    }
+    TORCH_CHECK(t.device().is_cpu(), "dist: ", what, " is on ", t.device(), "; only CPU (Gloo) and CUDA (NCCL) tensors go");
+    return *gloo;
+  }
 };
 
 Group::Group(Environment env, std::chrono::milliseconds timeout)
     : env_(std::move(env)), timeout_(timeout), impl_(std::make_unique<Impl>()) {}
 Group::~Group() = default;
 
-std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::milliseconds timeout) {
+std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::milliseconds timeout, c10::Device device) {
   std::shared_ptr<Group> g(new Group(env, timeout));
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {
@@ -121,6 +134,13 @@ std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::millis
     throw std::runtime_error("rank " + std::to_string(env.rank) + " could not connect to the other ranks (Gloo, rendezvous at " + where +
                              "): " + first_line(e));
   }
+  if (device.is_cuda()) {
+    g->impl_->nccl = make_nccl_backend(g->impl_->store, static_cast<int>(env.rank), static_cast<int>(env.world_size), timeout);
+    if (!g->impl_->nccl) {
+      throw std::invalid_argument("data parallel on " + device.str() + " needs NCCL, which this LibTorch build (" TORCH_VERSION
+                                  ", CPU) does not have");
+    }
+  }
   return g;
 }
 
@@ -144,15 +164,17 @@ bool summable(at::ScalarType t) { return t == at::kFloat || t == at::kDouble || 
 }  // namespace
 
 Group::Wait Group::reduce_sum_async(const at::Tensor& t, int64_t root, const std::string& what) {
-  TORCH_CHECK(t.device().is_cpu(), "dist: ", what, " must be a CPU tensor for Gloo");
-  // Gloo reduces dense tensors of a few dtypes: others (bf16, fp16) and strided ones go through a copy.
-  const bool copy = !summable(t.scalar_type()) || !t.is_contiguous();
-  at::Tensor buf = copy ? t.to(summable(t.scalar_type()) ? t.scalar_type() : at::kFloat).contiguous() : t;
+  BackendBase& backend = impl_->for_tensor(t, what);
+  // Gloo reduces dense tensors of a few dtypes: others (bf16, fp16) and strided ones go through a
+  // copy; NCCL takes bf16 and fp16 as they are.
+  const bool native = summable(t.scalar_type()) || (t.is_cuda() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf));
+  const bool copy = !native || !t.is_contiguous();
+  at::Tensor buf = copy ? t.to(native ? t.scalar_type() : at::kFloat).contiguous() : t;
   std::vector<at::Tensor> list{buf};
   c10d::ReduceOptions o;
   o.rootRank = root;
   o.reduceOp = c10d::ReduceOp::SUM;
-  auto work = impl_->gloo->reduce(list, o);
+  auto work = backend.reduce(list, o);
   traffic_.reduce_bytes += t.numel() * static_cast<int64_t>(t.element_size());
   ++traffic_.calls;
   const Environment env = env_;
@@ -165,7 +187,7 @@ Group::Wait Group::reduce_sum_async(const at::Tensor& t, int64_t root, const std
 }
 
 Group::Wait Group::broadcast_async(const at::Tensor& t, int64_t root, const std::string& what) {
-  TORCH_CHECK(t.device().is_cpu(), "dist: ", what, " must be a CPU tensor for Gloo");
+  BackendBase& backend = impl_->for_tensor(t, what);
   // Bytes, so that any dtype goes through unchanged.
   const bool copy = !t.is_contiguous();
   at::Tensor dense = copy ? t.contiguous() : t;
@@ -173,7 +195,7 @@ Group::Wait Group::broadcast_async(const at::Tensor& t, int64_t root, const std:
   std::vector<at::Tensor> list{bytes};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  auto work = impl_->gloo->broadcast(list, o);
+  auto work = backend.broadcast(list, o);
   traffic_.broadcast_bytes += t.numel() * static_cast<int64_t>(t.element_size());
   ++traffic_.calls;
   const Environment env = env_;
@@ -185,10 +207,10 @@ Group::Wait Group::broadcast_async(const at::Tensor& t, int64_t root, const std:
 }
 
 void Group::allreduce_sum(const at::Tensor& t, const std::string& what) {
-  TORCH_CHECK(t.device().is_cpu() && summable(t.scalar_type()) && t.is_contiguous(),
-              "dist: ", what, ": allreduce_sum takes a dense CPU tensor of fp32, fp64, int32 or int64");
+  TORCH_CHECK(summable(t.scalar_type()) && t.is_contiguous(),
+              "dist: ", what, ": allreduce_sum takes a dense tensor of fp32, fp64, int32 or int64");
   std::vector<at::Tensor> list{t};
-  auto work = impl_->gloo->allreduce(list);
+  auto work = impl_->for_tensor(t, what).allreduce(list);
   traffic_.allreduce_bytes += t.numel() * static_cast<int64_t>(t.element_size());
   ++traffic_.calls;
   wait_for(work, env_, timeout_, what);

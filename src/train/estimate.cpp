@@ -152,6 +152,12 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   const int64_t pending_head_temporary = head_grad_is_gradient ? 0 : pending_head;
   const int64_t pending_head_gradient = pending_head - pending_head_temporary;
   int64_t later_grads = tied ? pending_head_gradient : head_grad;
+  // Data parallel in in-backward mode: gradients wait for their averages until more than
+  // optim::kDefaultBytesInFlight are queued (optimizer.h); by a block's backward those completed so
+  // far (the later blocks', an untied head's), up to that bound.
+  const bool queued = in_backward && dp.world_size > 1;
+  int64_t completed = tied ? 0 : head_grad;
+  auto in_flight = [&] { return queued ? std::min(optim::kDefaultBytesInFlight, completed) : int64_t{0}; };
   for (auto s = layout.segments.rbegin(); s != layout.segments.rend(); ++s) {
     int64_t prefix = 0;
     for (int64_t i = 0; i < s->begin; ++i) prefix = checked_add(prefix, layout.kept[static_cast<size_t>(i)], "the activations");
@@ -164,22 +170,17 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     moments.push_back({"backward of block " + std::to_string(s->end - 1), checked_add(prefix, live, "the activations"),
                        checked_add(s->checkpointed ? a.block_backward_working_set : a.plain_block_backward_working_set,
                                    pending_head_temporary, "the temporaries"),
-                       in_backward ? pending_head_gradient : checked_add(a.block_largest_matrix, later_grads, "the gradients")});
+                       in_backward ? pending_head_gradient + in_flight() : checked_add(a.block_largest_matrix, later_grads, "the gradients")});
     if (in_backward) {
       moments.push_back({"update in block " + std::to_string(s->end - 1) + "'s backward", prefix + live,
                          checked_add(optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),
                                      pending_head_temporary, "the temporaries"),
-                         checked_add(a.block_largest_matrix, pending_head_gradient, "the gradients")});
+                         checked_add(a.block_largest_matrix, pending_head_gradient + in_flight(), "the gradients")});
     }
     later_grads = checked_add(later_grads, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
+    completed = checked_add(completed, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
   }
   const int64_t largest = *std::max_element(numels.begin(), numels.end());
-  // Data parallel in in-backward mode: the gradients on their way to their owners, up to the bytes
-  // allowed in flight and the newest (optimizer.h).
-  if (in_backward && dp.world_size > 1) {
-    const int64_t in_flight = std::min(P, optim::kDefaultBytesInFlight + checked_mul(largest, e, "the gradients"));
-    for (Moment& m : moments) m.gradient = std::max(m.gradient, in_flight);
-  }
   // the optimizer step after a standard backward: every gradient and the largest update's temporaries.
   if (!in_backward) {
     moments.push_back({"optimizer step", 0, optim::update_temporary_bytes(largest, r.dtype, r.device, r.optimizer), P});

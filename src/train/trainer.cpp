@@ -318,8 +318,10 @@ class Trainer {
         waits.push_back(group_->broadcast_async(item.value(), 0, "the broadcast of the initial '" + item.key() + "'"));
       }
       for (auto& w : waits) w();
-      if (!opt.state().mmap_dir().empty()) {
-        opt.state(optim::StateOptions(opt.state()).mmap_dir(opt.state().mmap_dir() + "/rank-" + std::to_string(group_->rank())));
+      if (opt.state().placement() == optim::StatePlacement::mmap) {
+        const std::string dir = opt.state().mmap_dir() + "/rank-" + std::to_string(group_->rank());
+        io::make_directories(dir);
+        opt.state(optim::StateOptions(opt.state()).mmap_dir(dir));
       }
     }
     optimizer_ = std::make_unique<optim::Optimizer>(param_groups(*model_), opt);

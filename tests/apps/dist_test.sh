@@ -40,7 +40,9 @@ configs=(
   "optimizer.in_backward=true optimizer.clip=global_norm_two_pass optimizer.max_grad_norm=0.5"
   "optimizer.in_backward=true optimizer.clip=per_param_norm optimizer.max_grad_norm=0.1"
   "optimizer.in_backward=false train.gradient_accumulation_steps=2"
+  "optimizer.in_backward=true optimizer.state_precision=int4 optimizer.state_placement=mmap optimizer.state_dir=$tmp/mapped"
 )
+mkdir -p "$tmp/mapped"
 i=0
 for cfg in "${configs[@]}"; do
   i=$((i + 1))
@@ -71,6 +73,19 @@ for one_path, two_path in [(sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4]
     # half the batch per rank: half the activations
     assert abs(two["by_category"]["activation"] / (one["by_category"]["activation"] / 2) - 1) < 0.01, (two["by_category"], one["by_category"])
     print(f"  optimizer state per rank {ranks} of one process's {single}; rank 0's estimate equal")
+PY
+
+# 2b. Rank 0's estimate (its share of the batch, its state, the gradients queued for their
+#     averages) against its measured peak, in every configuration.
+python3 - "$tmp"/two*.json <<'PY' && ok || fail "rank 0's estimate"
+import json, sys
+worst = 0
+for p in sys.argv[1:]:
+    j = json.load(open(p))
+    ratio = j["peak_bytes"] / j["estimate"]["peak_bytes"]
+    worst = max(worst, abs(ratio - 1))
+    assert abs(ratio - 1) < 0.1, (p, ratio, j["by_category"], j["estimate"]["by_category"])
+print(f"  rank 0's measured peak within {100 * worst:.1f}% of its estimate in {len(sys.argv) - 1} configurations")
 PY
 
 # 3. Checkpoints across world sizes: 2 ranks stop at 6, one process resumes to 12 (and 1 -> 2),

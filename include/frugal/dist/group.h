@@ -6,6 +6,9 @@
 // on MASTER_ADDR:MASTER_PORT; every rank joins it, then the Gloo group. Collectives are counted
 // (bytes each rank hands over), time out after `timeout`, and a failure (a rank died, hung or was
 // killed) is a dist::CollectiveError saying which collective failed and which rank is suspect.
+// CPU tensors go through Gloo; CUDA tensors through NCCL, in a CUDA build of LibTorch when the
+// group is made for a CUDA device (compiled in CI against the CUDA wheel; run only on a machine
+// with a GPU per rank, which these have not been).
 //
 //   auto env = frugal::dist::environment_from_variables();   // nullopt: no WORLD_SIZE, one process
 //   auto group = frugal::dist::Group::create(*env, std::chrono::seconds(300));
@@ -13,6 +16,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <cstdint>
@@ -59,10 +63,11 @@ struct Traffic {
 
 class Group {
  public:
-  // Joins (rank 0: hosts) the store and builds the Gloo group. Throws std::invalid_argument when
-  // MASTER_PORT is taken on rank 0, std::runtime_error when the store cannot be reached within the
-  // timeout.
-  static std::shared_ptr<Group> create(const Environment& env, std::chrono::milliseconds timeout);
+  // Joins (rank 0: hosts) the store and builds the Gloo group, and for a CUDA device the NCCL one.
+  // Throws std::invalid_argument when MASTER_PORT is taken on rank 0 or a CUDA device is asked of
+  // a build without NCCL, std::runtime_error when the store cannot be reached within the timeout.
+  static std::shared_ptr<Group> create(const Environment& env, std::chrono::milliseconds timeout,
+                                       c10::Device device = c10::Device(c10::kCPU));
   ~Group();
 
   int64_t rank() const { return env_.rank; }
@@ -71,8 +76,8 @@ class Group {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   using Wait = std::function<void()>;
-  // Sum into `t` on `root` (the others' t is left unspecified). fp32/fp64 CPU tensors; bf16 and
-  // fp16 are summed in fp32. `what` names the collective in errors.
+  // Sum into `t` on `root` (the others' t is left unspecified). On the CPU, fp32/fp64 are summed
+  // in place, bf16 and fp16 in fp32 (Gloo in 1.13 has no bf16). `what` names the collective in errors.
   Wait reduce_sum_async(const at::Tensor& t, int64_t root, const std::string& what);
   // root's t into every rank's t (bitwise: any dtype).
   Wait broadcast_async(const at::Tensor& t, int64_t root, const std::string& what);
