@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
+#include <thread>
 
 namespace frugal {
 namespace dist {
@@ -74,6 +75,7 @@ std::vector<std::pair<std::string, std::string>> environment_variables(const Env
 }
 
 struct Group::Impl {
+  std::vector<c10::intrusive_ptr<c10d::Work>> finished;  // waited for; destroyed by release_finished
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<BackendBase> gloo;  // CPU tensors
   c10::intrusive_ptr<BackendBase> nccl;  // CUDA tensors, when made for a CUDA device
@@ -151,6 +153,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const Environment& env
               const std::string& what) {
   try {
     work->wait();
+    return;
   } catch (const std::exception& e) {
     const std::string suspect = env.world_size == 2 ? "rank " + std::to_string(1 - env.rank) : "another rank";
     throw CollectiveError("rank " + std::to_string(env.rank) + ": " + what + " failed: " + first_line(e) + " (" + suspect +
@@ -180,8 +183,10 @@ Group::Wait Group::reduce_sum_async(const at::Tensor& t, int64_t root, const std
   const Environment env = env_;
   const auto timeout = timeout_;
   const bool at_root = env_.rank == root;
-  return [work, buf, t, copy, env, timeout, what, at_root]() {
+  Impl* impl = impl_.get();
+  return [impl, work, buf, t, copy, env, timeout, what, at_root]() {
     wait_for(work, env, timeout, what);
+    impl->finished.push_back(work);
     if (copy && at_root) t.copy_(buf);
   };
 }
@@ -200,8 +205,10 @@ Group::Wait Group::broadcast_async(const at::Tensor& t, int64_t root, const std:
   ++traffic_.calls;
   const Environment env = env_;
   const auto timeout = timeout_;
-  return [work, dense, t, copy, env, timeout, what]() {
+  Impl* impl = impl_.get();
+  return [impl, work, dense, t, copy, env, timeout, what]() {
     wait_for(work, env, timeout, what);
+    impl->finished.push_back(work);
     if (copy) t.copy_(dense);
   };
 }
@@ -214,6 +221,8 @@ void Group::allreduce_sum(const at::Tensor& t, const std::string& what) {
   traffic_.allreduce_bytes += t.numel() * static_cast<int64_t>(t.element_size());
   ++traffic_.calls;
   wait_for(work, env_, timeout_, what);
+  impl_->finished.push_back(work);
+  release_finished(false);
 }
 
 std::vector<int64_t> Group::allgather(const std::vector<int64_t>& mine, const std::string& what) {
@@ -224,6 +233,7 @@ std::vector<int64_t> Group::allgather(const std::vector<int64_t>& mine, const st
   auto work = impl_->gloo->allgather(out, inputs);
   ++traffic_.calls;
   wait_for(work, env_, timeout_, what);
+  impl_->finished.push_back(work);
   std::vector<int64_t> all;
   for (const at::Tensor& t : out[0]) {
     const auto* p = t.data_ptr<int64_t>();
@@ -232,10 +242,26 @@ std::vector<int64_t> Group::allgather(const std::vector<int64_t>& mine, const st
   return all;
 }
 
+void Group::release_finished(bool wait) {
+  auto& finished = impl_->finished;
+  for (size_t i = 0; i < finished.size();) {
+    // use_count 1: only this list holds it, so destroying it here frees its tensors here.
+    for (int spins = 0; wait && finished[i].use_count() > 1 && spins < 100000; ++spins) std::this_thread::sleep_for(std::chrono::microseconds(10));
+    if (finished[i].use_count() == 1) {
+      finished[i] = std::move(finished.back());
+      finished.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
 void Group::barrier(const std::string& what) {
   auto work = impl_->gloo->barrier();
   ++traffic_.calls;
   wait_for(work, env_, timeout_, what);
+  impl_->finished.push_back(work);
+  release_finished(false);
 }
 
 }  // namespace dist

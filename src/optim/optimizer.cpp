@@ -135,14 +135,19 @@ struct Optimizer::Impl {
       pending_bytes -= next.grad.numel() * static_cast<int64_t>(next.grad.element_size());
       next.wait();
       use_averaged(next.index, next.grad);
+      next = Pending{};
+      exchange->release(/*wait=*/false);
     }
   }
   // Every average used and every owner's values received: the parameters are the same everywhere.
   void settle() {
     drain(-1);
-    std::vector<Exchange::Wait> waits;
-    waits.swap(shares);
-    for (auto& w : waits) w();
+    {
+      std::vector<Exchange::Wait> waits;
+      waits.swap(shares);
+      for (auto& w : waits) w();
+    }
+    exchange->release(/*wait=*/true);
   }
 
   Hyper hyper(size_t group) const {
@@ -381,9 +386,11 @@ bool Optimizer::step() {
       if (g.defined()) waits.push_back(s.exchange->average_gradient(i, g));
     }
     for (auto& w : waits) w();
+    waits.clear();
     for (size_t i = 0; i < s.params.size(); ++i) {
       if (!s.owns(i)) s.params[i].tensor.mutable_grad().reset();
     }
+    s.exchange->release(/*wait=*/true);
   }
   if (s.options.clip() == Clip::global_norm || s.options.clip() == Clip::global_norm_two_pass) {
     at::Tensor norm_sq;

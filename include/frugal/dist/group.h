@@ -85,6 +85,13 @@ class Group {
   std::vector<int64_t> allgather(const std::vector<int64_t>& mine, const std::string& what);  // every rank's, rank order
   void barrier(const std::string& what);
 
+  // Gloo's worker thread can hold a finished operation (and the tensors it was given) a moment
+  // after the wait returns; if it dropped the last reference, the memory would be freed on that
+  // thread, out of the memory tracker's sight. Waited operations are kept here instead and
+  // destroyed on the calling thread once the worker has let go: those it has now, or (wait) all
+  // of them, waiting up to a second for each.
+  void release_finished(bool wait);
+
   const Traffic& traffic() const { return traffic_; }
 
   struct Impl;

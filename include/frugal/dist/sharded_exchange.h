@@ -47,6 +47,7 @@ class ShardedExchange : public optim::Exchange {
   Wait average_gradient(size_t i, const at::Tensor& grad) override;
   Wait share_parameter(size_t i, const at::Tensor& param) override;
   double sum(double x) override;
+  void release(bool wait) override { group_->release_finished(wait); }
 
   const Ownership& owners() const { return owners_; }
 

@@ -43,6 +43,10 @@ class Exchange {
   virtual Wait share_parameter(size_t i, const at::Tensor& param) = 0;
   // The sum of x over the ranks (blocking).
   virtual double sum(double x) = 0;
+  // Called on the training thread once the waits it was handed are gone (wait = true: every
+  // operation is done), so that what the operations held is freed on this thread — where the
+  // memory tracker sees the frees — and not on a communication thread.
+  virtual void release(bool wait) { (void)wait; }
 };
 
 }  // namespace optim
