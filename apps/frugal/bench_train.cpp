@@ -1,7 +1,9 @@
-// frugal bench train — the default recipe with every memory technique on and off: throughput,
-// achieved model FLOP/s against this machine's matrix-product speed, and the peak-memory ratio.
+// frugal bench train — the default recipe with every memory technique on and off, and with each
+// one alone off: throughput (the median step), achieved model FLOP/s against this machine's
+// matrix-product speed in fp32 and bf16, the peak-memory ratio, and what each technique costs.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -65,7 +67,44 @@ int bench_train(int argc, char** argv) {
   const auto r_on = train::run_training(on, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
   log("all techniques off");
   const auto r_off = train::run_training(off, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
+  // Where the techniques' time goes: the recipe with one technique at a time turned off.
+  struct Without {
+    const char* name;
+    train::Recipe recipe;
+    train::TrainResult result;
+  };
+  std::vector<Without> without;
+  if (on.checkpointing.name() != "none" || on.activation_budget > 0) {
+    train::Recipe r = on;
+    r.checkpointing = checkpoint::CheckpointPolicy::none();
+    r.activation_budget = 0;
+    without.push_back({"checkpointing", r, {}});
+  }
+  if (on.loss.chunked()) {
+    train::Recipe r = on;
+    r.loss.chunked(false);
+    without.push_back({"chunked_loss", r, {}});
+  }
+  if (on.in_backward()) {
+    train::Recipe r = on;
+    r.optimizer.mode(optim::Mode::standard);
+    without.push_back({"in_backward", r, {}});
+  }
+  for (Without& w : without) {
+    log(std::string("all techniques on but ") + w.name);
+    w.result = train::run_training(w.recipe, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
+  }
   const double matmul = bench::measure_matmul_gflops(1024, 0.5);
+  const double matmul_bf16 = bench::measure_bf16_matmul_gflops(1024, 0.5);
+  // Tokens/s of the median step after the first (which warms the allocator and the kernels up).
+  auto median_tokens_per_s = [&](const train::TrainResult& r) {
+    std::vector<double> t;
+    for (size_t i = 1; i < r.timings.size(); ++i) t.push_back(r.timings[i].total_s);
+    if (t.empty()) return r.tokens_per_s;
+    std::sort(t.begin(), t.end());
+    const double m = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
+    return static_cast<double>(on.batch_size * on.optimizer.accumulation_steps() * on.seq_len) / m;
+  };
   const auto& c = on.model;
   const double flops_per_token = 6.0 * static_cast<double>(r_on.n_params) +
                                  12.0 * static_cast<double>(c.n_layers * c.dim * on.seq_len);
@@ -81,8 +120,18 @@ int bench_train(int argc, char** argv) {
   w.key("achieved_gflops").value(achieved);
   w.key("matmul_gflops").value(matmul);
   w.key("achieved_over_matmul").value(achieved / matmul);
+  w.key("matmul_gflops_bf16").value(matmul_bf16);
+  w.key("tokens_per_s_all_on").value(median_tokens_per_s(r_on)).key("tokens_per_s_all_off_median").value(median_tokens_per_s(r_off));
+  w.key("all_on_over_all_off").value(median_tokens_per_s(r_on) / median_tokens_per_s(r_off));
   w.key("peak_bytes_all_on").value(r_on.peak.peak_bytes);
   w.key("peak_bytes_all_off").value(r_off.peak.peak_bytes);
+  // One technique off at a time: its tokens/s and peak, and what turning it on costs in speed.
+  w.key("without").begin_object();
+  for (const Without& x : without) {
+    w.key(x.name).begin_object().key("tokens_per_s").value(median_tokens_per_s(x.result)).key("peak_bytes").value(x.result.peak.peak_bytes);
+    w.key("all_on_over_this").value(median_tokens_per_s(r_on) / median_tokens_per_s(x.result)).end_object();
+  }
+  w.end_object();
   w.key("peak_ratio").value(ratio);
   w.key("estimated_peak_all_on").value(r_on.estimate.peak_bytes);
   w.key("estimated_peak_all_off").value(r_off.estimate.peak_bytes);
@@ -90,6 +139,10 @@ int bench_train(int argc, char** argv) {
   std::fprintf(stderr, "tokens/s %.0f (all off %.0f); achieved %.1f GFLOP/s vs matmul %.1f GFLOP/s; peak %s on vs %s off (ratio %.3f)\n",
                r_on.tokens_per_s, r_off.tokens_per_s, achieved, matmul, io::human_bytes(r_on.peak.peak_bytes).c_str(),
                io::human_bytes(r_off.peak.peak_bytes).c_str(), ratio);
+  for (const Without& x : without) {
+    std::fprintf(stderr, "  without %s: %.0f tokens/s (all on is %.2fx of it), peak %s\n", x.name, median_tokens_per_s(x.result),
+                 median_tokens_per_s(r_on) / median_tokens_per_s(x.result), io::human_bytes(x.result.peak.peak_bytes).c_str());
+  }
   write_output(json_out, json.str());
   return 0;
 }

@@ -470,5 +470,22 @@ PY
   then pass=$((pass + 1)); else echo "FAIL: bench optim-state JSON ($kernel kernel)"; failed=$((failed + 1)); fi
 done
 
+# bench train: techniques on, off, and each alone off, with the median step's tokens/s of each.
+if "$frugal" bench train --recipe tiny --steps 3 memory.checkpointing=full memory.chunked_loss=true optimizer.in_backward=true \
+     train.out_dir="$tmp/bt" --json-out "$tmp/bt.json" >"$tmp/bt.out" 2>"$tmp/bt.err" && python3 - "$tmp/bt.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for k in ["tokens_per_s_all_on", "tokens_per_s_all_off_median", "all_on_over_all_off", "peak_bytes_all_on", "peak_bytes_all_off",
+          "matmul_gflops", "matmul_gflops_bf16"]:
+    assert j[k] > 0, k
+assert sorted(j["without"]) == ["checkpointing", "chunked_loss", "in_backward"], j["without"]
+for name, w in j["without"].items():
+    assert w["tokens_per_s"] > 0 and w["peak_bytes"] > 0, name
+    assert abs(w["all_on_over_this"] - j["tokens_per_s_all_on"] / w["tokens_per_s"]) < 1e-9, name
+# memory: every technique off costs the most; without checkpointing more than with everything on
+assert j["peak_bytes_all_off"] > j["without"]["checkpointing"]["peak_bytes"] > j["peak_bytes_all_on"], j
+PY
+then pass=$((pass + 1)); else echo "FAIL: bench train's per-technique figures"; cat "$tmp/bt.err"; failed=$((failed + 1)); fi
+
 echo "$pass passed, $failed failed"
 [ "$failed" = 0 ]
