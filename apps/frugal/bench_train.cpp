@@ -3,7 +3,6 @@
 // matrix-product speed in fp32 and bf16, the peak-memory ratio, and what each technique costs.
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -101,9 +100,7 @@ int bench_train(int argc, char** argv) {
     std::vector<double> t;
     for (size_t i = 1; i < r.timings.size(); ++i) t.push_back(r.timings[i].total_s);
     if (t.empty()) return r.tokens_per_s;
-    std::sort(t.begin(), t.end());
-    const double m = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
-    return static_cast<double>(on.batch_size * on.optimizer.accumulation_steps() * on.seq_len) / m;
+    return static_cast<double>(on.batch_size * on.optimizer.accumulation_steps() * on.seq_len) / median(t);
   };
   const auto& c = on.model;
   const double flops_per_token = 6.0 * static_cast<double>(r_on.n_params) +

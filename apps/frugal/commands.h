@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace frugal {
 namespace train {
@@ -34,6 +35,9 @@ std::string resolve_recipe(const std::string& arg);
 // it lacks, a model.init_from that is not a folder, train.out_dir or data files that are not what
 // they must be, and (with data) a data.corpus that is missing when the tokenizer or tokens must be made.
 void check_recipe_inputs(const train::Recipe& recipe, bool data);
+
+// The median of the values (0 for none).
+double median(std::vector<double> values);
 
 // Writes text to path atomically, or to stdout when path is "-".
 void write_output(const std::string& path, const std::string& text);

@@ -87,12 +87,16 @@ std::string format_seconds(double s) {
   return buf;
 }
 
+}  // namespace
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
+
+namespace {
 
 // The median step and its parts, one value per part (medians of each).
 train::StepTiming median_timing(const std::vector<train::StepTiming>& t) {
@@ -133,6 +137,17 @@ bool exists(const std::string& p) {
 
 // Data parallel: each rank's measured peak, its optimizer state and gradients, and what it handed
 // to collectives per step (rank 0's figures; the payload, not the wire bytes).
+// Rank 0's collectives per step of this run: what the terminal and the JSON both print.
+dist::Traffic traffic_per_step(const train::TrainResult& r) {
+  const int64_t steps = std::max<int64_t>(1, r.last_step - r.first_step);
+  dist::Traffic t;
+  t.reduce_bytes = r.traffic.reduce_bytes / steps;
+  t.broadcast_bytes = r.traffic.broadcast_bytes / steps;
+  t.allreduce_bytes = r.traffic.allreduce_bytes / steps;
+  t.calls = r.traffic.calls / steps;
+  return t;
+}
+
 std::string describe_ranks(const train::TrainResult& r) {
   std::ostringstream out;
   const int opt = static_cast<int>(memory::Category::optimizer_state), grad = static_cast<int>(memory::Category::gradient);
@@ -141,9 +156,9 @@ std::string describe_ranks(const train::TrainResult& r) {
     out << (i ? ";" : "") << " rank " << i << " " << io::human_bytes(r.peak_bytes_by_rank[i]) << " / "
         << io::human_bytes(r.peak_by_rank[i][opt]) << " / " << io::human_bytes(r.peak_by_rank[i][grad]);
   }
-  const int64_t steps = std::max<int64_t>(1, r.last_step - r.first_step);
-  out << "\ncollectives of rank 0 per step: gradients reduced to their owners " << io::human_bytes(r.traffic.reduce_bytes / steps)
-      << ", parameters broadcast " << io::human_bytes(r.traffic.broadcast_bytes / steps) << " (payload, sent or received)\n";
+  const dist::Traffic t = traffic_per_step(r);
+  out << "\ncollectives of rank 0 per step: gradients reduced to their owners " << io::human_bytes(t.reduce_bytes)
+      << ", parameters broadcast " << io::human_bytes(t.broadcast_bytes) << " (payload, sent or received)\n";
   return out.str();
 }
 
@@ -156,10 +171,9 @@ void write_ranks(io::JsonWriter& w, const train::TrainResult& r) {
     for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(b[static_cast<int>(c)]);
     w.end_object();
   }
-  const int64_t steps = std::max<int64_t>(1, r.last_step - r.first_step);
+  const dist::Traffic t = traffic_per_step(r);
   w.end_array().key("collective_bytes_per_step").begin_object();
-  w.key("reduce").value(r.traffic.reduce_bytes / steps).key("broadcast").value(r.traffic.broadcast_bytes / steps);
-  w.key("allreduce").value(r.traffic.allreduce_bytes / steps).end_object();
+  w.key("reduce").value(t.reduce_bytes).key("broadcast").value(t.broadcast_bytes).key("allreduce").value(t.allreduce_bytes).end_object();
 }
 
 // --nproc N: this command again as N ranks (without --nproc), supervised; the launcher's exit code

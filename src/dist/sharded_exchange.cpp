@@ -50,14 +50,18 @@ ShardedExchange::ShardedExchange(std::shared_ptr<Group> group, Ownership owners,
   }
 }
 
+std::vector<Group::Wait> ShardedExchange::for_each_slice(size_t i, const at::Tensor& flat, const SliceOp& op) const {
+  std::vector<Group::Wait> started;
+  for (const Slice& s : owners_.at(i)) started.push_back(op(flat.narrow(0, s.begin, s.end - s.begin), s.rank));
+  return started;
+}
+
 optim::Exchange::Wait ShardedExchange::average_gradient(size_t i, const at::Tensor& grad) {
   TORCH_CHECK(grad.is_contiguous(), "dist: the gradient of '", names_.at(i), "' is not contiguous");
   const at::Tensor flat = grad.view({-1});
-  std::vector<Group::Wait> sent;
-  for (const Slice& s : owners_.at(i)) {
-    sent.push_back(group_->reduce_sum_async(flat.narrow(0, s.begin, s.end - s.begin), s.rank,
-                                            "the reduce of the gradient of '" + names_.at(i) + "' to rank " + std::to_string(s.rank)));
-  }
+  const auto sent = for_each_slice(i, flat, [&](const at::Tensor& slice, int64_t owner) {
+    return group_->reduce_sum_async(slice, owner, "the reduce of the gradient of '" + names_.at(i) + "' to rank " + std::to_string(owner));
+  });
   const auto mine = owned_range(i);
   const double n = static_cast<double>(group_->size());
   return [sent, flat, mine, n]() {
@@ -68,12 +72,9 @@ optim::Exchange::Wait ShardedExchange::average_gradient(size_t i, const at::Tens
 
 optim::Exchange::Wait ShardedExchange::share_parameter(size_t i, const at::Tensor& param) {
   TORCH_CHECK(param.is_contiguous(), "dist: parameter '", names_.at(i), "' is not contiguous");
-  const at::Tensor flat = param.view({-1});
-  std::vector<Group::Wait> sent;
-  for (const Slice& s : owners_.at(i)) {
-    sent.push_back(group_->broadcast_async(flat.narrow(0, s.begin, s.end - s.begin), s.rank,
-                                           "the broadcast of parameter '" + names_.at(i) + "' from rank " + std::to_string(s.rank)));
-  }
+  const auto sent = for_each_slice(i, param.view({-1}), [&](const at::Tensor& slice, int64_t owner) {
+    return group_->broadcast_async(slice, owner, "the broadcast of parameter '" + names_.at(i) + "' from rank " + std::to_string(owner));
+  });
   return [sent]() {
     for (const auto& w : sent) w();
   };

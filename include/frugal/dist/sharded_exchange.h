@@ -9,6 +9,7 @@
 //   optimizer.set_exchange(std::make_shared<frugal::dist::ShardedExchange>(group, owners, optimizer.parameter_names()));
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,10 @@ class ShardedExchange : public optim::Exchange {
   const Ownership& owners() const { return owners_; }
 
  private:
+  // Starts `op` on each owner's slice of parameter i's flattened tensor, in rank order.
+  using SliceOp = std::function<Group::Wait(const at::Tensor& slice, int64_t owner)>;
+  std::vector<Group::Wait> for_each_slice(size_t i, const at::Tensor& flat, const SliceOp& op) const;
+
   std::shared_ptr<Group> group_;
   Ownership owners_;
   std::vector<std::string> names_;
