@@ -4,6 +4,7 @@
 
 #include <atomic>
 
+#include "frugal/checkpoint/autocast.h"
 #include "frugal/checkpoint/checkpoint.h"
 
 namespace frugal {
@@ -74,8 +75,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   at::Tensor kept = cache->outputs[cache->next];
   if (!detail::keep_for_another_backward()) cache->outputs[cache->next] = at::Tensor();  // the graph holds it now
   ++cache->next;
-  const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
-  return KeptLinear::apply(x, weight, maybe_bias, kept)[0];
+  // Under autocast the recompute's product would have run in the compute dtype: its inputs are
+  // cast the same way here (the casts' backward brings the gradients back to the weight's dtype),
+  // so the backward multiplies what the forward's product multiplied.
+  const at::ScalarType compute = compute_dtype_for(weight);
+  auto cast = [compute](const at::Tensor& t) { return t.defined() && t.scalar_type() != compute ? t.to(compute) : t; };
+  const at::Tensor b = cast(bias);
+  const c10::optional<at::Tensor> maybe_bias = b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
+  return KeptLinear::apply(cast(x), cast(weight), maybe_bias, kept)[0];
 }
 
 }  // namespace checkpoint

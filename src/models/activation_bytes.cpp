@@ -1,6 +1,7 @@
 #include "frugal/models/activation_bytes.h"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -35,15 +36,20 @@ bool operator<(Size a, Size b) { return a.v < b.v; }
 }  // namespace
 
 DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t batch, int64_t seq, at::ScalarType dtype,
-                                                const LossOptions& loss) {
+                                                const LossOptions& loss, std::optional<at::ScalarType> compute_dtype) {
   const Size e = static_cast<int64_t>(c10::elementSize(dtype));
+  const at::ScalarType compute = compute_dtype.value_or(dtype);
+  // Under autocast (compute differs from the parameters' dtype) the tensors the products read and
+  // make are in the compute dtype: ce per element; the residual stream and the norms' inputs stay in e.
+  const Size ce = static_cast<int64_t>(c10::elementSize(compute));
+  const bool autocast = compute != dtype;
   const Size B = batch, T = seq, BT = B * T, d = c.dim, f = c.ffn_dim, H = c.n_heads, V = c.vocab_size;
   const Size kv = Size(c.n_kv_heads) * c.head_dim();
   const bool llama = c.arch == "llama";
   DecoderActivationBytes a;
   // Kept for backward by one block run plainly (the tensors decoder.cpp's blocks save):
   //   llama: x, norm1 out, q, k, v (as attention reads them), merged heads, x1, norm2 out   8 x (B,T,d)
-  //          gate, silu(gate), up, silu*up                                               4 x (B,T,f)
+  //          gate and up (SwiGLU's Function), silu*up (read by down_proj)                3 x (B,T,f)
   //          two 1/rms (fp32, one per token each), the rotary tables cos and sin (fp32 (T, hd)
   //          each) and the (B,H,T,T) probabilities
   //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean and rstd
@@ -52,14 +58,22 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // (measured with the tracker on LibTorch 2.x's CPU flash kernel); q, k and v are kept as
   // attention reads them (the same tensors as above), and its output takes the query's (B, T, H, hd)
   // layout, so the merged heads are a view of it: the same 8 x (B,T,d).
-  const Size attention_kept = c.attention == AttentionKernel::sdpa ? B * H * T * 4 : B * H * T * T * e;
+  //
+  // Under autocast: x and x1 (the residual stream) stay in e; the six (B,T,d) the products read or
+  // make (norm outputs, which RMSNorm emits in the compute dtype and GPT-2's products cast once, q,
+  // k, v, merged heads), the MLP's and the probabilities are in ce; and each product keeps its
+  // weight's low-precision copy (the block's matrices and biases, in ce).
+  const Size attention_kept = c.attention == AttentionKernel::sdpa ? B * H * T * 4 : B * H * T * T * ce;
   const Size rotary_tables = 2 * T * Size(c.head_dim()) * 4;
-  a.block_plain = (llama ? BT * ((8 * d + 4 * f) * e + 8) + rotary_tables + attention_kept
-                         : BT * ((8 * d + 2 * f) * e + 4 * e) + attention_kept).v;
+  const Size residual = 2 * d * e, inner = 6 * d * ce;
+  const Size matrices = llama ? 2 * d * d + 2 * d * kv + 3 * d * f : 4 * d * d + 2 * d * f + 5 * d + f;
+  const Size weight_copies = autocast ? matrices * ce : Size(0);
+  a.block_plain = (llama ? BT * (residual + inner + 3 * f * ce + 8) + rotary_tables + attention_kept + weight_copies
+                         : BT * (residual + inner + 2 * f * ce + 4 * e) + attention_kept + weight_copies).v;
   a.block_input = (BT * d * e).v;
   // Selective keeps the input and every matrix product's output: q, k, v, o, gate, up, down (llama);
   // qkv, proj, fc, fc-proj (gpt2).
-  a.block_selective = (a.block_input + (llama ? BT * (4 * d + 2 * kv + 2 * f) * e : BT * (6 * d + f) * e)).v;
+  a.block_selective = (a.block_input + (llama ? BT * (4 * d + 2 * kv + 2 * f) * ce : BT * (6 * d + f) * ce)).v;
   // A checkpointed block's backward holds gradients of its intermediates worth a little under half a block's
   // activations at its peak (measured with the tracker: 0.50 of block_plain on the default recipe,
   // 0.43 on the tiny one; trainer_test checks the estimate against both; 0.42 fits LibTorch 1.13
@@ -68,19 +82,29 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // output's gradient (exact at T 256 and 1024, where it is 0.94 and 1.55 of block_plain); sdpa, the
   // gradients of q, k, v and the output with one fp32 (B,T,d) of the kernel's accumulators (5 (B,T,d)
   // at T 1024; 4.25 at T 128).
-  const Size attention_backward = c.attention == AttentionKernel::sdpa ? BT * d * (4 * e + 4) : 2 * B * H * T * T * e + BT * d * e;
-  a.block_backward_working_set = std::max(Size(a.block_plain) * 42 / 100, attention_backward).v;
+  const Size attention_backward = c.attention == AttentionKernel::sdpa ? BT * d * (4 * ce + 4) : 2 * B * H * T * T * ce + BT * d * ce;
+  // In low precision, SwiGLU's backward holds its gradient in and two out (ce) with a slice of
+  // fp32 scratch (two fp32 copies and a low-precision product), beside the residual stream's
+  // fp32 gradient: on small models (the tiny recipe) this, not the fraction above, is the peak.
+  Size swiglu_backward = 0;
+  if (llama && compute != at::kFloat) {
+    const Size slice_rows = std::max<int64_t>(1, kSwiGLUSliceElements / std::max<int64_t>(1, f.v));
+    swiglu_backward = 3 * BT * f * ce + Size(std::min(BT.v, slice_rows.v)) * f * (4 + 4 + ce.v) + BT * d * e;
+  }
+  a.peak_after_first_weight_gradient = !autocast || llama;
+  a.block_backward_working_set = std::max({Size(a.block_plain) * 42 / 100, attention_backward, swiglu_backward}).v;
   // A block run plainly (not recomputed in its backward) holds less: 0.334 of block_plain on the
   // tiny recipe (every_2's plain block), on LibTorch 1.13 and 2.15 alike.
-  a.plain_block_backward_working_set = std::max(Size(a.block_plain) * 38 / 100, attention_backward).v;
+  a.plain_block_backward_working_set = std::max({Size(a.block_plain) * 38 / 100, attention_backward, swiglu_backward}).v;
   a.block_largest_matrix = (std::max({d * f, d * d, d * kv}) * e).v;
   a.block_params = ((llama ? 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f : 12 * d * d + 13 * d) * e).v;
   // The head: the final norm keeps its input (and llama's 1/rms), the loss the normed states.
-  a.head_kept = (BT * (2 * d * e + (llama ? 4 : 8))).v;
+  // Under autocast the normed states are in the compute dtype.
+  a.head_kept = (BT * (d * e + d * ce + (llama ? 4 : 8))).v;
   // The loss multiplies these without checks: the largest of its products must fit with room.
   (void)(BT * V * 8 + BT * d * 8 + V * d * 8);
   if (loss.chunked()) {
-    const auto l = loss::chunked_cross_entropy_bytes(BT.v, d.v, V.v, loss.chunk_size(), dtype);
+    const auto l = loss::chunked_cross_entropy_bytes(BT.v, d.v, V.v, loss.chunk_size(), dtype, compute);
     a.head_kept = (Size(a.head_kept) + l.kept).v;
     a.loss_forward_temporary = l.forward_temporary;
     a.loss_backward_temporary = l.backward_temporary;
@@ -89,7 +113,7 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
     // Linear -> cross_entropy: the logits (B*T, V) are made in forward, log_softmax keeps its fp32
     // output; backward makes the gradients of that output and of the logits.
     a.head_kept = (a.head_kept + BT * V * 4).v;
-    a.loss_forward_temporary = (BT * V * e).v;
+    a.loss_forward_temporary = (BT * V * ce).v;
     a.loss_backward_temporary = (2 * BT * V * 4).v;
     a.loss_weight_gradient = 0;  // made after the logits' gradients are freed: not live at the loss's peak
   }

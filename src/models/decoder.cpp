@@ -4,11 +4,14 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/loss.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
+#include "frugal/checkpoint/autocast.h"
 #include "frugal/checkpoint/selective.h"
 #include "frugal/loss/chunked_cross_entropy.h"
+#include "frugal/models/activation_bytes.h"
 #include "frugal/models/attention.h"
 
 namespace frugal {
@@ -62,6 +65,10 @@ class RMSNormFn : public torch::autograd::Function<RMSNormFn> {
     const at::Tensor xf = x.to(at::kFloat);
     const at::Tensor r = (xf.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();  // (..., 1)
     ctx->save_for_backward({x, weight, r});
+    // Under autocast the output goes straight to the products' dtype (normalised and scaled in
+    // fp32, rounded once): the only copy the next matrix products read and keep.
+    const at::ScalarType out = checkpoint::compute_dtype_for(x);
+    if (out != x.scalar_type()) return {(xf * r * weight.to(at::kFloat)).to(out)};
     return {(xf * r).to(x.scalar_type()) * weight};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -113,6 +120,64 @@ class RotaryFn : public torch::autograd::Function<RotaryFn> {
   }
 };
 
+// SwiGLU's silu(gate) * up as one Function that keeps only gate and up (autograd would also keep
+// silu(gate)) and recomputes silu(gate) in backward, an elementwise pass beside the matrix
+// products. Its backward holds no more than autograd's (the gradient in, and the two out).
+// Low-precision inputs go through fp32 for the transcendental parts (LibTorch's bf16 silu kernels
+// are several times slower than casting), rounded once per result, a slice of rows at a time so
+// the fp32 copies stay a small fraction of the tensors.
+class SwiGLUFn : public torch::autograd::Function<SwiGLUFn> {
+ public:
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    if (gate.scalar_type() == at::kFloat) return {at::silu(gate) * up};
+    at::Tensor out = at::empty_like(gate);
+    for_each_slice(gate, [&](int64_t b, int64_t n) {
+      at::Tensor act = rows(gate, b, n).to(at::kFloat);
+      at::silu_(act);
+      rows(out, b, n).copy_(act.mul_(rows(up, b, n)));
+    });
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1], &g = grads[0];
+    at::Tensor d_gate, d_up;
+    if (gate.scalar_type() == at::kFloat) {
+      if (ctx->needs_input_grad(0)) {
+        d_gate = g * up;                          // d out / d silu(gate)
+        at::silu_backward_out(d_gate, d_gate, gate);  // in place: elementwise
+      }
+      if (ctx->needs_input_grad(1)) d_up = at::silu(gate).mul_(g);
+      return {d_gate, d_up};
+    }
+    if (ctx->needs_input_grad(0)) d_gate = at::empty_like(gate);
+    if (ctx->needs_input_grad(1)) d_up = at::empty_like(up);
+    for_each_slice(gate, [&](int64_t b, int64_t n) {
+      at::Tensor x = rows(gate, b, n).to(at::kFloat), gs = rows(g, b, n);
+      if (d_gate.defined()) {
+        at::Tensor gu = (gs * rows(up, b, n)).to(at::kFloat);
+        at::silu_backward_out(gu, gu, x);
+        rows(d_gate, b, n).copy_(gu);
+      }
+      if (d_up.defined()) rows(d_up, b, n).copy_(at::silu_(x).mul_(gs));
+    });
+    return {d_gate, d_up};
+  }
+
+ private:
+  // rows [b, b + n) of x seen as (rows, last dim)
+  static at::Tensor rows(const at::Tensor& x, int64_t b, int64_t n) { return x.reshape({-1, x.size(-1)}).narrow(0, b, n); }
+  template <typename F>
+  static void for_each_slice(const at::Tensor& x, F&& f) {
+    const int64_t width = std::max<int64_t>(1, x.size(-1)), total = x.numel() / width;
+    const int64_t step = std::max<int64_t>(1, kSwiGLUSliceElements / width);
+    for (int64_t b = 0; b < total; b += step) f(b, std::min(step, total - b));
+  }
+};
+
 // (B, KV, T, hd) -> (B, H, T, hd), each kv head serving H/KV query heads
 at::Tensor repeat_kv(const at::Tensor& x, int64_t rep) {
   if (rep == 1) return x;
@@ -159,7 +224,7 @@ struct LlamaMLPImpl : torch::nn::Module {
     down_proj = register_module("down_proj", torch::nn::Linear(opt(c.ffn_dim, c.dim)));
   }
   // x: (B, T, d) -> (B, T, d), SwiGLU
-  at::Tensor forward(const at::Tensor& x) { return lin(down_proj, at::silu(lin(gate_proj, x)) * lin(up_proj, x)); }
+  at::Tensor forward(const at::Tensor& x) { return lin(down_proj, SwiGLUFn::apply(lin(gate_proj, x), lin(up_proj, x))[0]); }
 };
 TORCH_MODULE(LlamaMLP);
 

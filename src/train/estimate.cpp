@@ -122,7 +122,8 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   const int64_t tables = optim::shared_code_table_bytes(numels, r.optimizer);
   // inputs and targets, int64, of the whole step (every micro-batch's rows)
   const int64_t input = checked_mul(checked_mul(BT, 16, "the inputs"), r.optimizer.accumulation_steps(), "the inputs");
-  const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss);
+  const at::ScalarType compute = resolve_compute_dtype(r);
+  const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss, compute);
   est.activation_per_layer = a.block_plain;
   const BlockLayout layout = block_layout(r, a, L);
   int64_t kept_blocks = 0;
@@ -167,10 +168,15 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     // segment's recompute accumulates straight into .grad too), so none is live at the working
     // set's peak (the tracker shows it) but the tied head's; the update of the largest matrix, with
     // its temporaries, while the block's activations are still live, is a moment of its own.
+    // The block's first weight gradient: in the parameters' dtype by the peak, or still the
+    // product's low-precision one (a temporary; activation_bytes.h).
+    const bool first_made = a.peak_after_first_weight_gradient;
+    const int64_t first_low = first_made ? 0 : a.block_largest_matrix / e * static_cast<int64_t>(c10::elementSize(compute));
+    const int64_t first_grad = first_made ? a.block_largest_matrix : 0;
     moments.push_back({"backward of block " + std::to_string(s->end - 1), checked_add(prefix, live, "the activations"),
                        checked_add(s->checkpointed ? a.block_backward_working_set : a.plain_block_backward_working_set,
-                                   pending_head_temporary, "the temporaries"),
-                       in_backward ? pending_head_gradient + in_flight() : checked_add(a.block_largest_matrix, later_grads, "the gradients")});
+                                   pending_head_temporary + (in_backward ? 0 : first_low), "the temporaries"),
+                       in_backward ? pending_head_gradient + in_flight() : checked_add(first_grad, later_grads, "the gradients")});
     if (in_backward) {
       moments.push_back({"update in block " + std::to_string(s->end - 1) + "'s backward", prefix + live,
                          checked_add(optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),

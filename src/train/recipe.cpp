@@ -17,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "frugal/checkpoint/autocast.h"
 #include "frugal/io/units.h"
 #include "frugal/train/estimate.h"
 
@@ -154,6 +155,7 @@ const std::vector<Field>& fields() {
       ENUM_FIELD("model.attention", r.model.attention, models::parse_attention_kernel, models::attention_kernel_name,
                  models::kAllAttentionKernels),
       ENUM_FIELD("model.dtype", r.dtype, parse_dtype, dtype_name, kRecipeDtypes),
+      ENUM_FIELD("model.compute_dtype", r.compute_dtype, parse_compute_dtype, compute_dtype_name, kComputeDtypes),
       STRING_FIELD("model.init_from", r.init_from),
       STRING_FIELD("data.corpus", r.corpus),
       STRING_FIELD("data.tokenizer", r.tokenizer),
@@ -403,6 +405,41 @@ std::optional<at::ScalarType> parse_dtype(const std::string& name) {
   return std::nullopt;
 }
 
+const char* compute_dtype_name(ComputeDtype c) {
+  switch (c) {
+    case ComputeDtype::bf16: return "bf16";
+    case ComputeDtype::automatic: return "auto";
+    case ComputeDtype::fp32: break;
+  }
+  return "fp32";
+}
+
+std::optional<ComputeDtype> parse_compute_dtype(const std::string& name) {
+  for (ComputeDtype c : kComputeDtypes) {
+    if (name == compute_dtype_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
+at::ScalarType resolve_compute_dtype(const Recipe& r, std::string* why) {
+  auto say = [&](const std::string& text) {
+    if (why != nullptr) *why = text;
+  };
+  if (r.dtype != at::kFloat) {
+    say(std::string("the parameters are ") + dtype_name(r.dtype));
+    return r.dtype;
+  }
+  switch (r.compute_dtype) {
+    case ComputeDtype::fp32: say("model.compute_dtype fp32"); return at::kFloat;
+    case ComputeDtype::bf16: say("model.compute_dtype bf16"); return at::kBFloat16;
+    case ComputeDtype::automatic: break;
+  }
+  std::string reason;
+  const bool fast = checkpoint::fast_bf16(r.device.type(), &reason);
+  say("model.compute_dtype auto: " + reason);
+  return fast ? at::kBFloat16 : at::kFloat;
+}
+
 namespace {
 
 // One line per key for --list-keys (RecipeKeys.EveryKeyIsDocumented checks none is missing).
@@ -425,6 +462,7 @@ const std::map<std::string, const char*>& meanings() {
        "(LibTorch 2.0 or later) runs at::scaled_dot_product_attention's fused kernels, which keep one fp32 "
        "log-sum-exp per query instead"},
       {"model.dtype", "dtype of parameters and activations"},
+      {"model.compute_dtype", "precision of the matrix products for fp32 parameters (autocast; auto: bf16 where the device has bf16 matrix instructions)"},
       {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init)"},
       {"data.corpus", "text file or folder the tokenizer and tokens are made from"},
       {"data.tokenizer", "SentencePiece .model, trained when missing (empty: <out_dir>/tokenizer.model)"},

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "frugal/checkpoint/autocast.h"
 #include "frugal/checkpoint/planner.h"
 #include "frugal/data/corpus.h"
 #include "frugal/dist/sharded_exchange.h"
@@ -230,6 +231,12 @@ class Trainer {
   // tokenizer's vocabulary, and the memory estimates for this recipe and with techniques off.
   void setup_data() {
     group_ = options_.group();
+    // The products' precision first: the run's first line says which it is and why.
+    std::string why;
+    result_.compute_dtype = resolve_compute_dtype(r_, &why);
+    if (result_.compute_dtype != r_.dtype) autocast_ = checkpoint::AutocastState::compute(r_.device.type(), result_.compute_dtype);
+    log_(std::string("compute: ") + dtype_name(result_.compute_dtype) +
+         (autocast_.enabled() ? " matrix products (autocast) over fp32 parameters" : "") + " (" + why + ")");
     if (group_ && r_.batch_size % group_->size() != 0) {
       throw RecipeError("train.batch_size " + std::to_string(r_.batch_size) + " does not split evenly over " +
                         std::to_string(group_->size()) + " ranks: each rank trains on an equal share of every batch");
@@ -346,7 +353,10 @@ class Trainer {
       at::NoGradGuard no_grad;
       embedded = model_->embed(tokens);  // the chain's input: (B, T, dim)
     }
-    const auto costs = checkpoint::measure_chain(model_->chain(), embedded.requires_grad_(), 1);
+    const auto costs = [&] {
+      checkpoint::AutocastGuard compute(autocast_);  // blocks keep what they keep in the run's precision
+      return checkpoint::measure_chain(model_->chain(), embedded.requires_grad_(), 1);
+    }();
     const auto plan = checkpoint::plan_for_budget(costs, r_.activation_budget);
     if (!plan) {
       throw RecipeError("memory.activation_budget " + std::to_string(r_.activation_budget) +
@@ -427,6 +437,9 @@ class Trainer {
         {
           memory::PhaseScope fw(memory::Phase::forward);
           const auto t = Clock::now();
+          // Forward under the run's autocast state; backward outside it, as torch.autocast asks
+          // (recomputed regions re-enter the forward's state themselves).
+          checkpoint::AutocastGuard compute(autocast_);
           loss = model_->loss(xk, yk, r_.loss);
           if (micro > 1) loss = loss / static_cast<double>(micro);
           timing.forward_s += seconds_since(t);
@@ -553,6 +566,7 @@ class Trainer {
     if (options_.sample() && r_.sample_tokens > 0) {
       log_("sampling " + std::to_string(r_.sample_tokens) + " tokens after \"" + r_.sample_prompt + "\"");
       memory::PhaseScope phase(memory::Phase::sampling);
+      checkpoint::AutocastGuard compute(autocast_);
       result_.sample = generate_text(*model_, *tokenizer_, r_.sample_prompt, r_.sample_tokens, 0.8, 40, static_cast<uint64_t>(r_.seed));
     }
     return std::move(result_);
@@ -601,6 +615,7 @@ class Trainer {
   double evaluate() {
     at::NoGradGuard no_grad;
     memory::PhaseScope phase(memory::Phase::evaluation);
+    checkpoint::AutocastGuard compute(autocast_);
     double total = 0;
     for (int64_t i = 0; i < r_.eval_batches; ++i) {
       memory::CategoryScope scope(memory::Category::input);
@@ -625,6 +640,7 @@ class Trainer {
   std::unique_ptr<optim::LRScheduler> schedule_;
   std::unique_ptr<MetricsFile> metrics_;
   std::shared_ptr<dist::Group> group_;
+  checkpoint::AutocastState autocast_ = checkpoint::AutocastState::off();  // on when compute_dtype differs from model.dtype
   dist::Traffic traffic_start_;
   std::string recipe_yaml_;
   int64_t start_ = 0, stop_ = 0;

@@ -191,6 +191,31 @@ TEST(Trainer, EstimateMatchesTheMeasuredPeakByCategory) {
   }
 }
 
+// Mixed precision (bf16 products over fp32 parameters): the estimate counts the tensors the
+// products read and make, and the weights' copies they keep, at two bytes, the residual stream at four.
+TEST(Trainer, AutocastEstimateMatchesTheMeasuredPeakByCategory) {
+  std::vector<std::vector<std::string>> configs = {
+      {"memory.checkpointing=none"},
+      {"memory.checkpointing=full", "memory.chunked_loss=true", "optimizer.in_backward=true"},
+      {"memory.checkpointing=full", "memory.chunked_loss=true", "memory.loss_chunk=64"},
+      {"memory.checkpointing=selective", "optimizer.in_backward=true"},
+      {"memory.checkpointing=every_2", "optimizer.in_backward=true", "memory.chunked_loss=true"},
+      {"memory.activation_budget=4000000", "train.batch_size=16", "train.seq_len=64", "memory.chunked_loss=true"},
+      {"model.arch=gpt2", "model.ffn_dim=256", "model.n_kv_heads=4", "model.tie_embeddings=false"},
+      {"model.arch=gpt2", "model.ffn_dim=256", "model.n_kv_heads=4", "memory.checkpointing=full", "memory.chunked_loss=true"},
+  };
+  if (models::attention_kernel_unavailable(models::AttentionKernel::sdpa).empty()) {
+    configs.push_back({"model.attention=sdpa", "memory.checkpointing=full", "memory.chunked_loss=true", "optimizer.in_backward=true"});
+    configs.push_back({"model.attention=sdpa", "memory.checkpointing=none"});
+  }
+  for (auto o : configs) {
+    std::string label = "model.compute_dtype=bf16 ";
+    for (const auto& s : o) label += s + " ";
+    o.push_back("model.compute_dtype=bf16");
+    expect_estimate_matches(tiny("estimate-autocast", short_run(o)), label);
+  }
+}
+
 // sdpa (LibTorch 2.x): the estimate, with no (T, T) term, against the measured peak; at 256 tokens
 // the explicit kernel's probabilities would be 4x the rest of a block's kept bytes.
 TEST(Trainer, SdpaEstimateMatchesTheMeasuredPeakByCategory) {
@@ -219,7 +244,13 @@ TEST(Trainer, EstimateMatchesTheDefaultRecipeByCategory) {
   auto o = short_run({"data.tokenizer=" + base + "/tok4096.model", "data.tokens=" + base + "/f4096.tokens",
                       "train.out_dir=" + base + "/default", "train.log_interval=100", "train.sample_tokens=0"});
   o[o.size() - 4] = "train.steps=2";
-  expect_estimate_matches(train::load_recipe(std::string(FRUGAL_SOURCE_DIR) + "/recipes/default.yaml", o), "the default recipe");
+  // Both precisions, whichever this machine's auto picks.
+  for (const char* compute : {"fp32", "bf16"}) {
+    auto oc = o;
+    oc.push_back(std::string("model.compute_dtype=") + compute);
+    expect_estimate_matches(train::load_recipe(std::string(FRUGAL_SOURCE_DIR) + "/recipes/default.yaml", oc),
+                            std::string("the default recipe, compute ") + compute);
+  }
 }
 
 TEST(Trainer, CheckpointsHoldAWorkingModelAndTokenizer) {

@@ -12,6 +12,8 @@
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
+#include <optional>
+
 namespace frugal {
 namespace loss {
 
@@ -25,11 +27,16 @@ struct ChunkedCrossEntropyOptions {
 
 // hidden: (N, H) or (B, T, H); weight: (V, H); bias: (V) or undefined; targets: (N) or (B, T) int64
 // -> scalar loss (fp32). Equals cross_entropy(linear(hidden, weight, bias), targets) and its gradients.
+// Under autocast (checkpoint/autocast.h) with an fp32 weight, the products run in autocast's dtype
+// and the softmax, log-sum-exp and loss in fp32; forward fixes that dtype, and backward uses it
+// whatever autocast state backward() is called under.
 at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                  const at::Tensor& targets, const ChunkedCrossEntropyOptions& options = {});
 
-// What chunked_cross_entropy allocates, in bytes, for N tokens of hidden size H over V classes with
-// `dtype` hidden states and weight (the estimate adds these up; tests check them against the tracker).
+// What chunked_cross_entropy allocates, in bytes, for N tokens of hidden size H over V classes with a
+// `dtype` weight, products in `compute_dtype` (default: the weight's; autocast's for an fp32 weight
+// under autocast) and hidden states in the compute dtype (the estimate adds these up; tests check
+// them against the tracker).
 struct ChunkedCrossEntropyBytes {
   int64_t kept = 0;                 // for backward: one fp32 log-sum-exp, target and flag per token
   int64_t forward_temporary = 0;    // at forward's peak: one chunk's fp32 logits and logsumexp's exp
@@ -38,7 +45,8 @@ struct ChunkedCrossEntropyBytes {
                                     // in the weight's dtype from one
 };
 ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size,
-                                                     at::ScalarType dtype);
+                                                     at::ScalarType dtype,
+                                                     std::optional<at::ScalarType> compute_dtype = std::nullopt);
 
 }  // namespace loss
 }  // namespace frugal

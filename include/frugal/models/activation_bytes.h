@@ -12,6 +12,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "frugal/models/decoder.h"
@@ -31,15 +32,24 @@ struct DecoderActivationBytes {
   int64_t loss_weight_gradient = 0;     // the head weight's gradient, made by the loss's backward
   int64_t block_largest_matrix = 0;     // the largest weight of a block (one backward node's gradient)
   int64_t block_params = 0;             // bytes of one block's parameters
+  // Whether a block's backward peaks after its last product's weight gradient is made in the
+  // parameters' dtype: under autocast GPT-2's peaks while that gradient is still the product's
+  // low-precision one; Llama's (SwiGLU's, after down_proj) and every fp32 one after it.
+  bool peak_after_first_weight_gradient = true;
 };
+
+// Llama's SwiGLU casts low-precision rows to fp32 this many elements at a time (decoder.cpp).
+constexpr int64_t kSwiGLUSliceElements = int64_t{1} << 18;
 
 // Every size here is computed with overflow checks: one past kMaxSizeBytes (2^56, 64 PiB) throws
 // std::overflow_error naming the product, so the sums and small multiples callers take of them
 // (the estimate, optimizer state per parameter) cannot wrap either.
 constexpr int64_t kMaxSizeBytes = int64_t{1} << 56;
 
+// dtype: the parameters'; compute_dtype: the matrix products' under autocast (default: dtype).
 DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& config, int64_t batch, int64_t seq,
-                                                at::ScalarType dtype, const LossOptions& loss);
+                                                at::ScalarType dtype, const LossOptions& loss,
+                                                std::optional<at::ScalarType> compute_dtype = std::nullopt);
 
 // Floating-point operations of the matrix products (and attention's two batched products) of one
 // forward pass over batch x seq tokens; a training step is 3x that, plus one more forward of every

@@ -18,6 +18,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <array>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -35,10 +36,18 @@ struct RecipeError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// model.compute_dtype: the precision of the matrix products (autocast) for fp32 parameters.
+// auto: bf16 where the device multiplies bf16 in hardware (checkpoint::fast_bf16), else fp32.
+enum class ComputeDtype { fp32, bf16, automatic };
+constexpr std::array<ComputeDtype, 3> kComputeDtypes = {ComputeDtype::fp32, ComputeDtype::bf16, ComputeDtype::automatic};
+const char* compute_dtype_name(ComputeDtype c);  // "fp32", "bf16", "auto"
+std::optional<ComputeDtype> parse_compute_dtype(const std::string& name);
+
 struct Recipe {
   std::string name = "recipe";
   models::DecoderConfig model;           // model.vocab_size 0: take it from the tokenizer
   at::ScalarType dtype = at::kFloat;     // model.dtype: fp32 or bf16 (dtype_name / parse_dtype)
+  ComputeDtype compute_dtype = ComputeDtype::fp32;  // model.compute_dtype: fp32, bf16 or auto (resolve_compute_dtype)
   std::string init_from;                 // a Hugging Face checkpoint folder to fine-tune from ("" = random init)
   // data
   std::string corpus;                    // a text file or folder
@@ -81,6 +90,11 @@ struct Recipe {
 // The parameter dtypes a recipe accepts: "fp32" (at::kFloat) and "bf16" (at::kBFloat16).
 const char* dtype_name(at::ScalarType dtype);
 std::optional<at::ScalarType> parse_dtype(const std::string& name);
+
+// The dtype the recipe's matrix products run in on its device: bf16 parameters compute in bf16;
+// fp32 parameters in model.compute_dtype, auto resolved by the device. `why` (optional) gets a
+// short reason ("this CPU has AVX512-BF16"). Autocast is on when this differs from model.dtype.
+at::ScalarType resolve_compute_dtype(const Recipe& recipe, std::string* why = nullptr);
 
 // Reads the YAML file, applies key=value overrides, validates. Throws RecipeError.
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -88,6 +88,7 @@ struct TrainResult {
   double tokens_per_s = 0;
   int64_t n_params = 0;
   int64_t vocab_size = 0;          // the model's (the tokenizer's when the recipe says 0)
+  at::ScalarType compute_dtype = at::kFloat;  // the matrix products' precision (resolve_compute_dtype)
   int64_t recomputed_blocks = 0;   // blocks whose forward backward runs again (policy or budget plan)
   memory::PeakReport peak;         // over every step run here (memory::peak_over_steps; covers_* say which)
   MemoryEstimate estimate;         // this recipe

@@ -1,0 +1,79 @@
+// frugal/checkpoint/autocast.h — mixed precision: LibTorch's autocast state, captured and re-entered.
+//
+// Under autocast, matrix products (linear, mm, matmul, bmm, addmm, conv) run in a lower precision
+// (bf16 on the CPU, bf16 or fp16 on CUDA) while parameters, their gradients and everything else stay
+// as they are. The state is thread-local: a region that is recomputed in backward (a checkpointed
+// block, the chunked loss's second pass) must run under the forward's state, not whatever state
+// the thread that calls backward() happens to have. checkpoint() and the chunked loss capture it in
+// forward and re-enter it for their recompute.
+//
+//   frugal::checkpoint::AutocastGuard on(frugal::checkpoint::AutocastState::compute(at::kCPU, at::kBFloat16));
+//   at::Tensor loss = model->loss(x, y);   // products in bf16, weights and loss in fp32
+//   // leave the guard before loss.backward(), as with torch.autocast
+//
+// The same calls work on LibTorch 1.13 and 2.x (whose autocast API differs).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+#include <string>
+
+namespace frugal {
+namespace checkpoint {
+
+struct AutocastState {
+  bool cpu = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  bool cuda = false;
+  at::ScalarType cuda_dtype = at::kHalf;
+  // Whether autocast may keep one low-precision copy of each weight for the rest of the outermost
+  // autocast scope. compute() turns it off: with checkpointing the copies would outlive the block
+  // that made them (half the fp32 parameters' bytes, held through the forward).
+  bool cache = true;
+
+  // The calling thread's state now.
+  static AutocastState current();
+  // Everything off (what a thread starts with).
+  static AutocastState off();
+  // Autocast on `device` to `dtype` (bf16 or fp16; fp32 means off), without the weight cache.
+  static AutocastState compute(c10::DeviceType device, at::ScalarType dtype);
+
+  bool enabled() const { return cpu || cuda; }
+  // The dtype matrix products on `device` run in under this state, or nullopt when autocast is off there.
+  std::optional<at::ScalarType> dtype_on(c10::DeviceType device) const;
+  bool operator==(const AutocastState& o) const;
+  bool operator!=(const AutocastState& o) const { return !(*this == o); }
+  // "off", "cpu bf16", "cpu bf16, cuda fp16"
+  std::string describe() const;
+};
+
+// Sets the thread's autocast state until destroyed, then puts the previous one back. Entering an
+// enabled state counts as one autocast nesting level, so the weight cache (when on) is emptied when
+// the outermost level closes, as torch.autocast does.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(const AutocastState& state);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  AutocastState previous_;
+  bool nested_ = false;
+};
+
+// The dtype a floating-point tensor's consumers compute in under the current state: autocast's
+// dtype on its device for an fp32 tensor, otherwise its own. Norms that compute in fp32 use it to
+// emit their output directly in the products' precision (one copy, not one per product).
+at::ScalarType compute_dtype_for(const at::Tensor& x);
+
+// Whether `device` multiplies bf16 matrices in hardware: on the CPU, AVX512-BF16 or AMX-BF16
+// (oneDNN's bf16 kernels; without them bf16 products are emulated and slower than fp32); on CUDA,
+// a device of compute capability 8.0 or later. `why` (optional) gets the reason in a few words.
+bool fast_bf16(c10::DeviceType device, std::string* why = nullptr);
+
+}  // namespace checkpoint
+}  // namespace frugal
