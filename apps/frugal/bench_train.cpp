@@ -1,6 +1,7 @@
-// frugal bench train — the default recipe with every memory technique on and off, and with each
-// one alone off: throughput (the median step), achieved model FLOP/s against this machine's
-// matrix-product speed in fp32 and bf16, the peak-memory ratio, and what each technique costs.
+// frugal bench train — the default recipe with every memory technique on and off, each with fp32
+// and with bf16 products, and with each technique alone off: throughput (the median step),
+// achieved FLOP/s against this machine's matrix-product speed at the same precision, the
+// peak-memory ratios, and issue #16's targets, all measured in one run.
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "args.h"
 #include "commands.h"
 #include "frugal/bench/hardware.h"
+#include "frugal/checkpoint/autocast.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
 #include "frugal/train/trainer.h"
@@ -23,9 +25,10 @@ int bench_train(int argc, char** argv) {
   int64_t steps = 8;
   std::vector<std::string> overrides;
   Args args("bench train",
-            "Runs a few steps of a recipe (a path or a shipped recipe's name; default: default) with its memory techniques on, then with\n"
-            "every technique off, and reports tokens/s, achieved model GFLOP/s against the matrix-product GFLOP/s\n"
-            "measured in the same run, and peak_bytes_all_on / peak_bytes_all_off.");
+            "Runs a few steps of a recipe (a path or a shipped recipe's name; default: default) with its memory techniques on and\n"
+            "off, each with fp32 and with bf16 matrix products, and with each technique alone off; reports tokens/s of the\n"
+            "median step, peaks, achieved GFLOP/s against the matrix-product GFLOP/s of the same precision measured in the\n"
+            "same run, and whether issue #16's targets are met.");
   args.add_string("recipe", &recipe_path, "the recipe: a file or a shipped recipe's name (tiny, default, ...)", "RECIPE");
   args.add_int("steps", &steps, "steps per configuration (the first one is not timed)", 2);
   args.add_rest(&overrides, "section.key=value");
@@ -58,88 +61,137 @@ int bench_train(int argc, char** argv) {
   }
   check_recipe_inputs(on, /*data=*/true);
   warn_if_slow_blas();
-  const train::Recipe off = train::without_techniques(on);
+  // The four corners: the recipe's techniques on and off, each with fp32 and with bf16 products
+  // (autocast over fp32 parameters; a bf16-parameter recipe computes in bf16 either way).
+  auto with_compute = [](train::Recipe r, train::ComputeDtype c) {
+    r.compute_dtype = c;
+    return r;
+  };
+  const train::Recipe on32 = with_compute(on, train::ComputeDtype::fp32), on16 = with_compute(on, train::ComputeDtype::bf16);
+  const train::Recipe off32 = train::without_techniques(on32), off16 = train::without_techniques(on16);
   TrainProgress shown("frugal bench train: ", /*bar=*/false);
   const train::LogFn log = shown.log();
-  log("all techniques on: checkpointing " + on.checkpointing.name() + ", chunked loss " + (on.loss.chunked() ? "on" : "off") +
-      ", optimizer " + (on.in_backward() ? "inside backward" : "after backward"));
-  const auto r_on = train::run_training(on, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
-  log("all techniques off");
-  const auto r_off = train::run_training(off, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
-  // Where the techniques' time goes: the recipe with one technique at a time turned off.
+  auto train_run = [&](const train::Recipe& r) {
+    return train::run_training(r, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
+  };
+  const std::string techniques = std::string("checkpointing ") +
+                                 (on.activation_budget > 0 ? "planned for " + io::human_bytes(on.activation_budget) : on.checkpointing.name()) +
+                                 ", chunked loss " + (on.loss.chunked() ? "on" : "off") + ", optimizer " +
+                                 (on.in_backward() ? "inside backward" : "after backward");
+  // Off before on, fp32 before bf16, alternating, so a slow spell of a shared machine falls on
+  // both sides of a ratio rather than on one.
+  log("all techniques off, fp32 products");
+  const auto r_off = train_run(off32);
+  log("all techniques on (" + techniques + "), bf16 products");
+  const auto r_on16 = train_run(on16);
+  log("all techniques on, fp32 products");
+  const auto r_on = train_run(on32);
+  log("all techniques off, bf16 products");
+  const auto r_off16 = train_run(off16);
+  // Where the techniques' time goes (fp32): the recipe with one technique at a time turned off.
   struct Without {
     const char* name;
     train::Recipe recipe;
     train::TrainResult result;
   };
   std::vector<Without> without;
-  if (on.checkpointing.name() != "none" || on.activation_budget > 0) {
-    train::Recipe r = on;
+  if (on32.checkpointing.name() != "none" || on32.activation_budget > 0) {
+    train::Recipe r = on32;
     r.checkpointing = checkpoint::CheckpointPolicy::none();
     r.activation_budget = 0;
     without.push_back({"checkpointing", r, {}});
   }
-  if (on.loss.chunked()) {
-    train::Recipe r = on;
+  if (on32.loss.chunked()) {
+    train::Recipe r = on32;
     r.loss.chunked(false);
     without.push_back({"chunked_loss", r, {}});
   }
-  if (on.in_backward()) {
-    train::Recipe r = on;
+  if (on32.in_backward()) {
+    train::Recipe r = on32;
     r.optimizer.mode(optim::Mode::standard);
     without.push_back({"in_backward", r, {}});
   }
   for (Without& w : without) {
-    log(std::string("all techniques on but ") + w.name);
-    w.result = train::run_training(w.recipe, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
+    log(std::string("all techniques on but ") + w.name + ", fp32 products");
+    w.result = train_run(w.recipe);
   }
   const double matmul = bench::measure_matmul_gflops(1024, 0.5);
   const double matmul_bf16 = bench::measure_bf16_matmul_gflops(1024, 0.5);
-  // Tokens/s of the median step after the first (which warms the allocator and the kernels up).
-  auto median_tokens_per_s = [&](const train::TrainResult& r) {
+  std::string bf16_why;
+  const bool fast_bf16 = checkpoint::fast_bf16(on.device.type(), &bf16_why);
+  const double tokens_per_step = static_cast<double>(on.batch_size * on.optimizer.accumulation_steps() * on.seq_len);
+  // The median step after the first (which warms the allocator and the kernels up).
+  auto median_step_s = [&](const train::TrainResult& r) {
     std::vector<double> t;
     for (size_t i = 1; i < r.timings.size(); ++i) t.push_back(r.timings[i].total_s);
-    if (t.empty()) return r.tokens_per_s;
-    return static_cast<double>(on.batch_size * on.optimizer.accumulation_steps() * on.seq_len) / median(t);
+    if (t.empty()) return tokens_per_step / std::max(r.tokens_per_s, 1e-9);
+    return median(t);
   };
-  const auto& c = on.model;
-  const double flops_per_token = 6.0 * static_cast<double>(r_on.n_params) +
-                                 12.0 * static_cast<double>(c.n_layers * c.dim * on.seq_len);
-  const double achieved = flops_per_token * r_on.tokens_per_s / 1e9;
-  const double ratio = static_cast<double>(r_on.peak.peak_bytes) / static_cast<double>(r_off.peak.peak_bytes);
+  auto tps = [&](const train::TrainResult& r) { return tokens_per_step / median_step_s(r); };
+  // Matrix products executed per second (recompute included), and the model's own (3x forward).
+  auto achieved = [&](const train::Recipe& recipe, const train::TrainResult& r) {
+    return train::step_matmul_flops(recipe, r) / median_step_s(r) / 1e9;
+  };
+  auto model_gflops = [&](const train::Recipe& recipe, const train::TrainResult& r) {
+    return train::step_matmul_flops(recipe, r, /*with_recompute=*/false) / median_step_s(r) / 1e9;
+  };
+  const double off_peak = static_cast<double>(r_off.peak.peak_bytes);
+  const double bf16_speed = tps(r_on16) / tps(r_off), bf16_peak = static_cast<double>(r_on16.peak.peak_bytes) / off_peak;
+  const double fp32_speed = tps(r_on) / tps(r_off);
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("train").key("recipe").value(on.name).key("steps").value(steps);
   w.key("n_params").value(r_on.n_params);
-  w.key("tokens_per_s").value(r_on.tokens_per_s);
-  w.key("tokens_per_s_all_off").value(r_off.tokens_per_s);
-  w.key("model_flops_per_token").value(flops_per_token);
-  w.key("achieved_gflops").value(achieved);
-  w.key("matmul_gflops").value(matmul);
-  w.key("achieved_over_matmul").value(achieved / matmul);
-  w.key("matmul_gflops_bf16").value(matmul_bf16);
-  w.key("tokens_per_s_all_on").value(median_tokens_per_s(r_on)).key("tokens_per_s_all_off_median").value(median_tokens_per_s(r_off));
-  w.key("all_on_over_all_off").value(median_tokens_per_s(r_on) / median_tokens_per_s(r_off));
-  w.key("peak_bytes_all_on").value(r_on.peak.peak_bytes);
-  w.key("peak_bytes_all_off").value(r_off.peak.peak_bytes);
+  w.key("techniques").value(techniques);
+  w.key("recomputed_blocks").value(r_on.recomputed_blocks).key("recomputed_blocks_bf16").value(r_on16.recomputed_blocks);
+  w.key("fast_bf16").value(fast_bf16).key("fast_bf16_reason").value(bf16_why);
+  // fp32 products (all off is the reference every ratio divides by), then bf16 products.
+  w.key("tokens_per_s_all_on").value(tps(r_on)).key("tokens_per_s_all_off").value(tps(r_off));
+  w.key("peak_bytes_all_on").value(r_on.peak.peak_bytes).key("peak_bytes_all_off").value(r_off.peak.peak_bytes);
+  w.key("all_on_over_all_off").value(fp32_speed);
+  w.key("tokens_per_s_all_on_bf16").value(tps(r_on16)).key("tokens_per_s_all_off_bf16").value(tps(r_off16));
+  w.key("peak_bytes_all_on_bf16").value(r_on16.peak.peak_bytes).key("peak_bytes_all_off_bf16").value(r_off16.peak.peak_bytes);
+  w.key("matmul_gflops").value(matmul).key("matmul_gflops_bf16").value(matmul_bf16);
+  w.key("achieved_gflops").value(achieved(on32, r_on)).key("achieved_gflops_bf16").value(achieved(on16, r_on16));
+  w.key("achieved_over_matmul").value(achieved(on32, r_on) / matmul);
+  w.key("achieved_over_matmul_bf16").value(achieved(on16, r_on16) / matmul_bf16);
+  w.key("achieved_gflops_all_off").value(achieved(off32, r_off)).key("achieved_gflops_all_off_bf16").value(achieved(off16, r_off16));
+  w.key("model_gflops").value(model_gflops(on32, r_on)).key("model_gflops_bf16").value(model_gflops(on16, r_on16));
+  w.key("peak_ratio").value(static_cast<double>(r_on.peak.peak_bytes) / off_peak);
+  w.key("estimated_peak_all_on").value(r_on.estimate.peak_bytes).key("estimated_peak_all_off").value(r_off.estimate.peak_bytes);
+  w.key("estimated_peak_all_on_bf16").value(r_on16.estimate.peak_bytes);
+  // Issue #16's targets, each against all off in fp32 measured in this run.
+  w.key("targets").begin_object();
+  w.key("bf16_all_on_speed").begin_object().key("value").value(bf16_speed).key("at_least").value(1.0).key("met").value(bf16_speed >= 1.0).end_object();
+  w.key("bf16_all_on_peak").begin_object().key("value").value(bf16_peak).key("at_most").value(0.35).key("met").value(bf16_peak <= 0.35).end_object();
+  w.key("fp32_all_on_speed").begin_object().key("value").value(fp32_speed).key("at_least").value(0.85).key("met").value(fp32_speed >= 0.85).end_object();
+  w.end_object();
   // One technique off at a time: its tokens/s and peak, and what turning it on costs in speed.
   w.key("without").begin_object();
   for (const Without& x : without) {
-    w.key(x.name).begin_object().key("tokens_per_s").value(median_tokens_per_s(x.result)).key("peak_bytes").value(x.result.peak.peak_bytes);
-    w.key("all_on_over_this").value(median_tokens_per_s(r_on) / median_tokens_per_s(x.result)).end_object();
+    w.key(x.name).begin_object().key("tokens_per_s").value(tps(x.result)).key("peak_bytes").value(x.result.peak.peak_bytes);
+    w.key("all_on_over_this").value(tps(r_on) / tps(x.result)).end_object();
   }
   w.end_object();
-  w.key("peak_ratio").value(ratio);
-  w.key("estimated_peak_all_on").value(r_on.estimate.peak_bytes);
-  w.key("estimated_peak_all_off").value(r_off.estimate.peak_bytes);
   w.end_object();
-  std::fprintf(stderr, "tokens/s %.0f (all off %.0f); achieved %.1f GFLOP/s vs matmul %.1f GFLOP/s; peak %s on vs %s off (ratio %.3f)\n",
-               r_on.tokens_per_s, r_off.tokens_per_s, achieved, matmul, io::human_bytes(r_on.peak.peak_bytes).c_str(),
-               io::human_bytes(r_off.peak.peak_bytes).c_str(), ratio);
+  auto row = [&](const char* name, const train::Recipe& recipe, const train::TrainResult& r, double mm) {
+    std::fprintf(stderr, "  %-26s %7.0f tokens/s  %6.3fx  peak %10s  %5.3f  %6.1f GFLOP/s (%3.0f%% of matmul)  %lld blocks recomputed\n",
+                 name, tps(r), tps(r) / tps(r_off), io::human_bytes(r.peak.peak_bytes).c_str(),
+                 static_cast<double>(r.peak.peak_bytes) / off_peak, achieved(recipe, r), 100 * achieved(recipe, r) / mm,
+                 static_cast<long long>(r.recomputed_blocks));
+  };
+  std::fprintf(stderr, "against all off in fp32 (speed, peak):\n");
+  row("all off, fp32", off32, r_off, matmul);
+  row("all on, fp32", on32, r_on, matmul);
+  row("all off, bf16", off16, r_off16, matmul_bf16);
+  row("all on, bf16", on16, r_on16, matmul_bf16);
   for (const Without& x : without) {
-    std::fprintf(stderr, "  without %s: %.0f tokens/s (all on is %.2fx of it), peak %s\n", x.name, median_tokens_per_s(x.result),
-                 median_tokens_per_s(r_on) / median_tokens_per_s(x.result), io::human_bytes(x.result.peak.peak_bytes).c_str());
+    std::fprintf(stderr, "  without %s (fp32): %.0f tokens/s (all on is %.2fx of it), peak %s\n", x.name, tps(x.result),
+                 tps(r_on) / tps(x.result), io::human_bytes(x.result.peak.peak_bytes).c_str());
   }
+  std::fprintf(stderr, "matmul %.1f GFLOP/s fp32, %.1f bf16 (%s); targets: bf16 all on %.2fx of all off (>= 1: %s), peak %.3f (<= 0.35: %s); fp32 all on %.2fx (>= 0.85: %s)\n",
+               matmul, matmul_bf16, bf16_why.c_str(), bf16_speed, bf16_speed >= 1.0 ? "met" : "not met", bf16_peak,
+               bf16_peak <= 0.35 ? "met" : "not met", fp32_speed, fp32_speed >= 0.85 ? "met" : "not met");
   write_output(json_out, json.str());
   return 0;
 }

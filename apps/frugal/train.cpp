@@ -114,17 +114,6 @@ train::StepTiming median_timing(const std::vector<train::StepTiming>& t) {
   return m;
 }
 
-// Matrix-product work of one training step: forward, backward (twice forward), and one more
-// forward of every recomputed block.
-// Matrix-product FLOPs of one step: forward, backward (twice the forward) and the recomputed blocks.
-double step_flops(const train::Recipe& r, const train::TrainResult& result) {
-  models::DecoderConfig c = r.model;
-  c.vocab_size = result.vocab_size;
-  const models::DecoderFlops f = models::decoder_flops(c, r.batch_size, r.seq_len);
-  return static_cast<double>(r.optimizer.accumulation_steps()) *
-         (3 * f.forward + static_cast<double>(result.recomputed_blocks) * f.block_forward);
-}
-
 bool is_dir(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -322,8 +311,10 @@ int run_train(int argc, char** argv) {
     } catch (const train::RecipeError& e) {
       throw UsageError(e.what());
     }
+    const at::ScalarType compute = train::resolve_compute_dtype(recipe);
     std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters ("
-              << train::dtype_name(recipe.dtype) << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens";
+              << train::dtype_name(recipe.dtype) << (compute != recipe.dtype ? std::string(", ") + train::dtype_name(compute) + " products" : "")
+              << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens";
     if (world > 1) std::cout << " over " << world << " ranks (per rank: rank " << dp.rank << ", " << recipe.batch_size / world << " rows)";
     std::cout << "\n";
     print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
@@ -333,6 +324,7 @@ int run_train(int argc, char** argv) {
       std::ostringstream json;
       io::JsonWriter w(json);
       w.begin_object().key("recipe").value(recipe.name).key("n_params").value(est.n_params);
+      w.key("compute_dtype").value(train::dtype_name(compute));
       // The estimate's keys at the top level (as before), and the same object again as "estimate".
       w.key("peak_bytes").value(est.peak_bytes).key("by_category").begin_object();
       for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(est.by_category[static_cast<int>(c)]);
@@ -436,17 +428,18 @@ int run_train(int argc, char** argv) {
   for (const train::StepTiming& t : result.timings) faults += t.major_faults;
   double step_gflops = 0, matmul_gflops = 0;
   if (!result.timings.empty()) {
-    step_gflops = step_flops(recipe, result) / std::max(step.total_s, 1e-9) / 1e9;
+    step_gflops = train::step_matmul_flops(recipe, result) / std::max(step.total_s, 1e-9) / 1e9;
     summary << "step time (median of " << result.timings.size() << "): " << format_seconds(step.total_s) << " = forward "
             << format_seconds(step.forward_s) << " + backward with recompute " << format_seconds(step.backward_s)
             << " + optimizer " << format_seconds(step.optimizer_s) << " (of which moving state " << format_seconds(step.state_io_s)
             << ") + the rest; " << faults << " pages read from disk in " << result.timings.size() << " steps";
     if (step.total_s >= 1.0 && recipe.device.is_cpu()) {  // worth half a second of measuring
-      matmul_gflops = recipe.dtype == at::kBFloat16 ? bench::measure_bf16_matmul_gflops(1024, 0.5)
-                                                    : bench::measure_matmul_gflops(1024, 0.5);
+      // Against the products' own precision (bf16 under autocast).
+      matmul_gflops = result.compute_dtype == at::kBFloat16 ? bench::measure_bf16_matmul_gflops(1024, 0.5)
+                                                            : bench::measure_matmul_gflops(1024, 0.5);
       char line[160];
       std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)",
-                    step_gflops, 100 * step_gflops / std::max(matmul_gflops, 1e-9), train::dtype_name(recipe.dtype), matmul_gflops);
+                    step_gflops, 100 * step_gflops / std::max(matmul_gflops, 1e-9), train::dtype_name(result.compute_dtype), matmul_gflops);
       summary << line;
     }
     summary << "\n";
@@ -480,6 +473,7 @@ int run_train(int argc, char** argv) {
     w.key("forward").value(step.forward_s).key("backward_with_recompute").value(step.backward_s);
     w.key("optimizer").value(step.optimizer_s).key("state_io").value(step.state_io_s).end_object();
     w.key("major_page_faults").value(faults);
+    w.key("compute_dtype").value(train::dtype_name(result.compute_dtype));
     w.key("achieved_gflops").value(step_gflops).key("matmul_gflops").value(matmul_gflops);
     w.key("by_category").begin_object();
     for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);

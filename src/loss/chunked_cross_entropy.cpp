@@ -101,7 +101,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         } else if (compute == at::kFloat) {
           grad_weight.addmm_(p.t(), h);                                            // (V, H)
         } else {
-          grad_weight.add_(p_c.t().mm(h));                                         // summed in fp32
+          grad_weight.add_(p_c.t().mm(h).to(at::kFloat));                         // summed in fp32
         }
       }
       if (grad_bias.defined()) grad_bias.add_(p.sum(0));
@@ -151,10 +151,10 @@ ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64
   // once converted, before logsumexp runs)
   b.forward_temporary = weight_copy + 2 * n * V * 4;
   // p (fp32) and its copy in the compute dtype, grad_hidden (the hidden states arrive in the compute
-  // dtype), then one chunk's product p @ weight, or (several chunks, low precision) p^T @ h before
-  // it is summed into the fp32 gradient, or (one chunk, fp32 weight) the gradient before it is fp32
+  // dtype), then one chunk's product p @ weight, or (several chunks, low precision) p^T @ h and its
+  // fp32 copy summed into the fp32 gradient, or (one chunk, fp32 weight) the gradient before it is fp32
   int64_t product = n * H * ce;
-  if (!one_chunk && compute != at::kFloat) product = std::max(product, V * H * ce);
+  if (!one_chunk && compute != at::kFloat) product = std::max(product, V * H * (ce + 4));
   if (one_chunk && compute != dtype) product = std::max(product, V * H * ce);
   b.backward_temporary = weight_copy + n * V * 4 + low_precision_logits + N * H * ce + product;
   b.weight_gradient = one_chunk ? V * H * e : V * H * 4;  // in the weight's dtype, or summed in fp32

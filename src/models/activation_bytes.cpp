@@ -49,7 +49,8 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   DecoderActivationBytes a;
   // Kept for backward by one block run plainly (the tensors decoder.cpp's blocks save):
   //   llama: x, norm1 out, q, k, v (as attention reads them), merged heads, x1, norm2 out   8 x (B,T,d)
-  //          gate and up (SwiGLU's Function), silu*up (read by down_proj)                3 x (B,T,f)
+  //          gate, silu(gate), up, silu*up (fp32: autograd's ops)                        4 x (B,T,f)
+  //          in low precision SwiGLU's Function keeps gate and up only                   3 x (B,T,f)
   //          two 1/rms (fp32, one per token each), the rotary tables cos and sin (fp32 (T, hd)
   //          each) and the (B,H,T,T) probabilities
   //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean and rstd
@@ -68,7 +69,8 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   const Size residual = 2 * d * e, inner = 6 * d * ce;
   const Size matrices = llama ? 2 * d * d + 2 * d * kv + 3 * d * f : 4 * d * d + 2 * d * f + 5 * d + f;
   const Size weight_copies = autocast ? matrices * ce : Size(0);
-  a.block_plain = (llama ? BT * (residual + inner + 3 * f * ce + 8) + rotary_tables + attention_kept + weight_copies
+  const Size mlp_kept = compute == at::kFloat ? Size(4) : Size(3);  // silu(gate) too in fp32 (autograd's ops)
+  a.block_plain = (llama ? BT * (residual + inner + mlp_kept * f * ce + 8) + rotary_tables + attention_kept + weight_copies
                          : BT * (residual + inner + 2 * f * ce + 4 * e) + attention_kept + weight_copies).v;
   a.block_input = (BT * d * e).v;
   // Selective keeps the input and every matrix product's output: q, k, v, o, gate, up, down (llama);

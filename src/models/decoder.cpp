@@ -120,18 +120,17 @@ class RotaryFn : public torch::autograd::Function<RotaryFn> {
   }
 };
 
-// SwiGLU's silu(gate) * up as one Function that keeps only gate and up (autograd would also keep
-// silu(gate)) and recomputes silu(gate) in backward, an elementwise pass beside the matrix
-// products. Its backward holds no more than autograd's (the gradient in, and the two out).
-// Low-precision inputs go through fp32 for the transcendental parts (LibTorch's bf16 silu kernels
-// are several times slower than casting), rounded once per result, a slice of rows at a time so
-// the fp32 copies stay a small fraction of the tensors.
+// SwiGLU's silu(gate) * up in low precision (bf16 products, or bf16 parameters) as one Function
+// that keeps only gate and up (autograd would also keep silu(gate)) and recomputes silu(gate) in
+// backward, an elementwise pass beside the matrix products. The transcendental parts go through
+// fp32 (LibTorch's bf16 silu kernels are several times slower than casting), rounded once per
+// result, a slice of rows at a time so the fp32 copies stay a small fraction of the tensors. fp32
+// inputs take autograd's own silu and product.
 class SwiGLUFn : public torch::autograd::Function<SwiGLUFn> {
  public:
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
-    if (gate.scalar_type() == at::kFloat) return {at::silu(gate) * up};
     at::Tensor out = at::empty_like(gate);
     for_each_slice(gate, [&](int64_t b, int64_t n) {
       at::Tensor act = rows(gate, b, n).to(at::kFloat);
@@ -145,14 +144,6 @@ class SwiGLUFn : public torch::autograd::Function<SwiGLUFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &g = grads[0];
     at::Tensor d_gate, d_up;
-    if (gate.scalar_type() == at::kFloat) {
-      if (ctx->needs_input_grad(0)) {
-        d_gate = g * up;                          // d out / d silu(gate)
-        at::silu_backward_out(d_gate, d_gate, gate);  // in place: elementwise
-      }
-      if (ctx->needs_input_grad(1)) d_up = at::silu(gate).mul_(g);
-      return {d_gate, d_up};
-    }
     if (ctx->needs_input_grad(0)) d_gate = at::empty_like(gate);
     if (ctx->needs_input_grad(1)) d_up = at::empty_like(up);
     for_each_slice(gate, [&](int64_t b, int64_t n) {
@@ -224,7 +215,10 @@ struct LlamaMLPImpl : torch::nn::Module {
     down_proj = register_module("down_proj", torch::nn::Linear(opt(c.ffn_dim, c.dim)));
   }
   // x: (B, T, d) -> (B, T, d), SwiGLU
-  at::Tensor forward(const at::Tensor& x) { return lin(down_proj, SwiGLUFn::apply(lin(gate_proj, x), lin(up_proj, x))[0]); }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor gate = lin(gate_proj, x), up = lin(up_proj, x);
+    return lin(down_proj, gate.scalar_type() == at::kFloat ? at::silu(gate) * up : SwiGLUFn::apply(gate, up)[0]);
+  }
 };
 TORCH_MODULE(LlamaMLP);
 

@@ -61,15 +61,21 @@ struct BlockLayout {
   std::vector<int64_t> kept;  // per block
 };
 
-BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& a, int64_t L) {
+BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& a, int64_t L,
+                         const std::vector<checkpoint::Segment>* chosen) {
   BlockLayout out;
   out.kept.assign(static_cast<size_t>(L), a.block_plain);
   if (r.activation_budget > 0) {
-    // The planner on the formula's block costs (identical blocks, equal times): the plan the trainer
-    // makes from measured blocks when the formula is right.
-    std::vector<checkpoint::BlockCost> costs(static_cast<size_t>(L), checkpoint::BlockCost{a.block_plain, a.block_input, 1.0});
-    const auto plan = checkpoint::plan_for_budget(costs, r.activation_budget);
-    out.segments = plan ? plan->segments : checkpoint::sqrt_n_plan(costs).segments;
+    // The trainer's plan, or the planner on the formula's block costs (identical blocks, equal
+    // times): the plan the trainer makes from measured blocks when the formula is right and the
+    // blocks take equal times.
+    if (chosen != nullptr) {
+      out.segments = *chosen;
+    } else {
+      std::vector<checkpoint::BlockCost> costs(static_cast<size_t>(L), checkpoint::BlockCost{a.block_plain, a.block_input, 1.0});
+      const auto plan = checkpoint::plan_for_budget(costs, r.activation_budget);
+      out.segments = plan ? plan->segments : checkpoint::sqrt_n_plan(costs).segments;
+    }
     for (const auto& s : out.segments) {
       if (!s.checkpointed) continue;
       for (int64_t i = s.begin; i < s.end; ++i) out.kept[static_cast<size_t>(i)] = i == s.begin ? a.block_input : 0;
@@ -89,7 +95,8 @@ BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& 
 // is a plain tensor nothing else holds) or always into a new tensor (1.13). Seen with the tracker.
 constexpr bool kAutogradSumsInPlace = TORCH_VERSION_MAJOR >= 2;
 
-MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const DataParallel& dp = {}) {
+MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const DataParallel& dp = {},
+                                  const std::vector<checkpoint::Segment>* plan = nullptr) {
   using memory::Category;
   models::DecoderConfig c = r.model;
   c.vocab_size = vocab_size;
@@ -125,7 +132,7 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   const at::ScalarType compute = resolve_compute_dtype(r);
   const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss, compute);
   est.activation_per_layer = a.block_plain;
-  const BlockLayout layout = block_layout(r, a, L);
+  const BlockLayout layout = block_layout(r, a, L, plan);
   int64_t kept_blocks = 0;
   for (int64_t k : layout.kept) kept_blocks = checked_add(kept_blocks, k, "the activations");
   const int64_t kept_all = checked_add(kept_blocks, a.head_kept, "the activations");
@@ -214,7 +221,8 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
 
 }  // namespace
 
-MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, const DataParallel& dp) {
+MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, const DataParallel& dp,
+                                        const std::vector<checkpoint::Segment>* plan) {
   if (dp.world_size < 1 || dp.rank < 0 || dp.rank >= dp.world_size || r.batch_size % dp.world_size != 0) {
     throw RecipeError("train.batch_size " + std::to_string(r.batch_size) + " does not split evenly over " +
                       std::to_string(dp.world_size) + " ranks (rank " + std::to_string(dp.rank) + ")");
@@ -223,9 +231,9 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, con
     if (dp.world_size > 1) {
       Recipe share = r;
       share.batch_size = r.batch_size / dp.world_size;
-      return estimate_unchecked(share, vocab_size, dp);
+      return estimate_unchecked(share, vocab_size, dp, plan);
     }
-    return estimate_unchecked(r, vocab_size, dp);
+    return estimate_unchecked(r, vocab_size, dp, plan);
   } catch (const std::overflow_error&) {
     // Blame the size keys that, each set to 1 alone, bring the sizes back in range.
     struct SizeKey {

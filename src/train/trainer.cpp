@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "frugal/checkpoint/autocast.h"
+#include "frugal/models/activation_bytes.h"
 #include "frugal/checkpoint/planner.h"
 #include "frugal/data/corpus.h"
 #include "frugal/dist/sharded_exchange.h"
@@ -231,12 +232,11 @@ class Trainer {
   // tokenizer's vocabulary, and the memory estimates for this recipe and with techniques off.
   void setup_data() {
     group_ = options_.group();
-    // The products' precision first: the run's first line says which it is and why.
     std::string why;
     result_.compute_dtype = resolve_compute_dtype(r_, &why);
     if (result_.compute_dtype != r_.dtype) autocast_ = checkpoint::AutocastState::compute(r_.device.type(), result_.compute_dtype);
-    log_(std::string("compute: ") + dtype_name(result_.compute_dtype) +
-         (autocast_.enabled() ? " matrix products (autocast) over fp32 parameters" : "") + " (" + why + ")");
+    compute_line_ = std::string("compute: ") + dtype_name(result_.compute_dtype) +
+                    (autocast_.enabled() ? " matrix products (autocast) over fp32 parameters" : "") + " (" + why + ")";
     if (group_ && r_.batch_size % group_->size() != 0) {
       throw RecipeError("train.batch_size " + std::to_string(r_.batch_size) + " does not split evenly over " +
                         std::to_string(group_->size()) + " ranks: each rank trains on an equal share of every batch");
@@ -263,10 +263,10 @@ class Trainer {
     }
     cfg_ = r_.model;
     cfg_.vocab_size = data_.vocab_size;
-    const DataParallel dp{group_ ? group_->size() : 1, group_ ? group_->rank() : 0};
-    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp);
-    result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size, dp);
-    result_.world_size = dp.world_size;
+    dp_ = DataParallel{group_ ? group_->size() : 1, group_ ? group_->rank() : 0};
+    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp_);
+    result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size, dp_);
+    result_.world_size = dp_.world_size;
   }
 
   // Every allocation from here on is tracked. The tracker keeps counters only (unless the options
@@ -353,10 +353,16 @@ class Trainer {
       at::NoGradGuard no_grad;
       embedded = model_->embed(tokens);  // the chain's input: (B, T, dim)
     }
-    const auto costs = [&] {
+    auto costs = [&] {
       checkpoint::AutocastGuard compute(autocast_);  // blocks keep what they keep in the run's precision
       return checkpoint::measure_chain(model_->chain(), embedded.requires_grad_(), 1);
     }();
+    // A decoder's blocks are identical: one time for all (their median), so the timer's noise does
+    // not pick among plans of equal cost and every run of a recipe makes the same plan.
+    std::vector<double> times;
+    for (const auto& c : costs) times.push_back(c.forward_s);
+    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+    for (auto& c : costs) c.forward_s = times[times.size() / 2];
     const auto plan = checkpoint::plan_for_budget(costs, r_.activation_budget);
     if (!plan) {
       throw RecipeError("memory.activation_budget " + std::to_string(r_.activation_budget) +
@@ -365,8 +371,11 @@ class Trainer {
     }
     model_->set_plan(*plan);
     result_.recomputed_blocks = plan->checkpointed_blocks();
-    log_("activation plan for " + io::human_bytes(r_.activation_budget) + ": " + plan->describe() + " (predicted " +
-         io::human_bytes(plan->predicted_bytes) + ")");
+    // The estimate of the plan chosen (the measured blocks may order their times differently from
+    // the formula's equal ones), so it is checked against what runs.
+    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp_, &plan->segments);
+    plan_line_ = "activation plan for " + io::human_bytes(r_.activation_budget) + ": " + plan->describe() + " (predicted " +
+                 io::human_bytes(plan->predicted_bytes) + ")";
   }
 
   // With options.resume: weights, optimizer state, schedule step and CPU RNG from the latest
@@ -406,6 +415,10 @@ class Trainer {
 
   // Opens the metrics file where the run (re)starts and starts the throughput clock.
   void start_metrics() {
+    // Once every input has been checked (a refused one is the only line a bad run prints): the
+    // products' precision and why, then the checkpointing plan.
+    log_(compute_line_);
+    if (!plan_line_.empty()) log_(plan_line_);
     if (is_rank0()) metrics_ = std::make_unique<MetricsFile>(r_.out_dir + "/metrics.jsonl", start_);
     recipe_yaml_ = recipe_to_yaml(r_);
     if (group_) traffic_start_ = group_->traffic();
@@ -640,6 +653,8 @@ class Trainer {
   std::unique_ptr<optim::LRScheduler> schedule_;
   std::unique_ptr<MetricsFile> metrics_;
   std::shared_ptr<dist::Group> group_;
+  DataParallel dp_;
+  std::string compute_line_, plan_line_;  // logged when training starts
   checkpoint::AutocastState autocast_ = checkpoint::AutocastState::off();  // on when compute_dtype differs from model.dtype
   dist::Traffic traffic_start_;
   std::string recipe_yaml_;
@@ -649,6 +664,14 @@ class Trainer {
 };
 
 }  // namespace
+
+double step_matmul_flops(const Recipe& r, const TrainResult& result, bool with_recompute) {
+  models::DecoderConfig c = r.model;
+  c.vocab_size = result.vocab_size;
+  const models::DecoderFlops f = models::decoder_flops(c, r.batch_size, r.seq_len);
+  const double recomputed = with_recompute ? static_cast<double>(result.recomputed_blocks) : 0.0;
+  return static_cast<double>(r.optimizer.accumulation_steps()) * (3 * f.forward + recomputed * f.block_forward);
+}
 
 TrainResult run_training(const Recipe& recipe, const TrainOptions& options, const LogFn& log) {
   Trainer job(recipe, options, log);

@@ -153,6 +153,19 @@ else
   echo "FAIL: dry-run JSON"; failed=$((failed + 1))
 fi
 
+# Mixed precision: the key's values, the dry run's products, and the run's first line saying which and why.
+expect 2 "model.compute_dtype must be one of fp32, bf16, auto, got 'fp16'" -- train tiny model.compute_dtype=fp16
+expect 0 "parameters (fp32, bf16 products)" -- train tiny --dry-run model.vocab_size=512 model.compute_dtype=bf16
+if "$frugal" train tiny data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=4 \
+     schedule.warmup_steps=1 train.eval_interval=0 train.sample_tokens=0 train.eval_batches=1 model.compute_dtype=auto \
+     train.out_dir="$tmp/autocast" --progress lines --json-out "$tmp/autocast.json" >"$tmp/autocast.log" 2>&1 &&
+   grep -Eq "^frugal train: compute: (bf16 matrix products \(autocast\) over fp32 parameters|fp32) \(model.compute_dtype auto: this CPU has" "$tmp/autocast.log" &&
+   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["compute_dtype"] in ("bf16", "fp32"), d' "$tmp/autocast.json"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL: model.compute_dtype=auto's first line"; cat "$tmp/autocast.log"; failed=$((failed + 1))
+fi
+
 # The slow-BLAS warning follows the library loaded, not a timing (which a busy machine skews).
 if "$frugal" account --layers 1 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing 2>&1 | grep -q "reference BLAS"; then
   echo "FAIL: slow-BLAS warning with an optimised BLAS"; failed=$((failed + 1))
@@ -470,14 +483,25 @@ PY
   then pass=$((pass + 1)); else echo "FAIL: bench optim-state JSON ($kernel kernel)"; failed=$((failed + 1)); fi
 done
 
-# bench train: techniques on, off, and each alone off, with the median step's tokens/s of each.
+# bench train: techniques on and off in fp32 and bf16, and each alone off, with the median step's tokens/s of each.
 if "$frugal" bench train --recipe tiny --steps 3 memory.checkpointing=full memory.chunked_loss=true optimizer.in_backward=true \
      train.out_dir="$tmp/bt" --json-out "$tmp/bt.json" >"$tmp/bt.out" 2>"$tmp/bt.err" && python3 - "$tmp/bt.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-for k in ["tokens_per_s_all_on", "tokens_per_s_all_off_median", "all_on_over_all_off", "peak_bytes_all_on", "peak_bytes_all_off",
-          "matmul_gflops", "matmul_gflops_bf16"]:
+for k in ["tokens_per_s_all_on", "tokens_per_s_all_off", "all_on_over_all_off", "peak_bytes_all_on", "peak_bytes_all_off",
+          "tokens_per_s_all_on_bf16", "tokens_per_s_all_off_bf16", "peak_bytes_all_on_bf16", "peak_bytes_all_off_bf16",
+          "matmul_gflops", "matmul_gflops_bf16", "achieved_gflops", "achieved_gflops_bf16", "model_gflops_bf16"]:
     assert j[k] > 0, k
+# achieved against the matmul of the same precision; recompute counted in achieved, not in model
+assert abs(j["achieved_over_matmul_bf16"] - j["achieved_gflops_bf16"] / j["matmul_gflops_bf16"]) < 1e-9, j
+assert j["achieved_gflops"] > j["model_gflops"], j
+t = j["targets"]
+assert abs(t["bf16_all_on_speed"]["value"] - j["tokens_per_s_all_on_bf16"] / j["tokens_per_s_all_off"]) < 1e-9, t
+assert abs(t["bf16_all_on_peak"]["value"] - j["peak_bytes_all_on_bf16"] / j["peak_bytes_all_off"]) < 1e-9, t
+assert t["fp32_all_on_speed"]["met"] == (t["fp32_all_on_speed"]["value"] >= 0.85), t
+# bf16 activations: with every technique off the bf16 run peaks lower (on the tiny model, with
+# checkpointing, the weights' bf16 copies outweigh what the activations save)
+assert j["peak_bytes_all_off_bf16"] < j["peak_bytes_all_off"], j
 assert sorted(j["without"]) == ["checkpointing", "chunked_loss", "in_backward"], j["without"]
 for name, w in j["without"].items():
     assert w["tokens_per_s"] > 0 and w["peak_bytes"] > 0, name

@@ -4,6 +4,7 @@
 
 #include <torch/version.h>
 
+#include "frugal/checkpoint/autocast.h"
 #include "frugal/train/recipe.h"
 
 using namespace frugal::train;
@@ -248,4 +249,22 @@ TEST(Recipe, AttentionKernelKey) {
   in_file.replace(in_file.find("model:\n"), 7, "model:\n  attention: sdpa\n");
   expect_error(in_file, {}, "r.yaml: model.attention sdpa needs LibTorch 2.0 or later");
 #endif
+}
+
+TEST(Recipe, ComputeDtypeKey) {
+  EXPECT_EQ(parse_recipe(kYaml, "r.yaml").compute_dtype, ComputeDtype::fp32);  // autocast only when asked
+  expect_error(kYaml, {"model.compute_dtype=fp16"}, "override: model.compute_dtype must be one of fp32, bf16, auto, got 'fp16'");
+  std::string why;
+  const Recipe bf16 = parse_recipe(kYaml, "r.yaml", {"model.compute_dtype=bf16"});
+  EXPECT_EQ(resolve_compute_dtype(bf16, &why), at::kBFloat16);
+  EXPECT_EQ(why, "model.compute_dtype bf16");
+  EXPECT_EQ(parse_recipe(recipe_to_yaml(bf16), "saved.yaml").compute_dtype, ComputeDtype::bf16);
+  // auto follows the device's bf16 instructions, and says so.
+  const Recipe automatic = parse_recipe(kYaml, "r.yaml", {"model.compute_dtype=auto"});
+  const bool fast = frugal::checkpoint::fast_bf16(c10::kCPU);
+  EXPECT_EQ(resolve_compute_dtype(automatic, &why), fast ? at::kBFloat16 : at::kFloat);
+  EXPECT_EQ(why.rfind("model.compute_dtype auto: this CPU has ", 0), 0u) << why;
+  // bf16 parameters compute in bf16 whatever the key says (no autocast).
+  EXPECT_EQ(resolve_compute_dtype(parse_recipe(kYaml, "r.yaml", {"model.dtype=bf16", "model.compute_dtype=fp32"}), &why), at::kBFloat16);
+  EXPECT_EQ(why, "the parameters are bf16");
 }

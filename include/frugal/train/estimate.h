@@ -15,6 +15,7 @@
 
 #include "frugal/memory/category.h"
 #include "frugal/memory/tracker.h"
+#include "frugal/checkpoint/planner.h"
 #include "frugal/train/recipe.h"
 
 namespace frugal {
@@ -38,7 +39,10 @@ struct DataParallel {
   int64_t rank = 0;
 };
 
-MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size, const DataParallel& dp = {});
+// With memory.activation_budget the estimate plans on the formula's block costs (equal blocks,
+// equal times); `plan` (the segments the trainer chose from measured blocks) replaces that plan.
+MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size, const DataParallel& dp = {},
+                                        const std::vector<checkpoint::Segment>* plan = nullptr);
 
 // The same job with every memory technique off: no checkpointing, plain loss, optimizer after
 // backward, fp32 optimizer state on the device.

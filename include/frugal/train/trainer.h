@@ -122,6 +122,11 @@ PreparedData prepare_data(const Recipe& recipe, const LogFn& log);
 // MemoryLimitExceeded, or std::runtime_error; the metrics file is closed on every path.
 TrainResult run_training(const Recipe& recipe, const TrainOptions& options, const LogFn& log);
 
+// Matrix-product FLOPs of one of the run's steps: forward, backward (twice the forward) and, with
+// recompute, one more forward of every recomputed block: what `frugal train` and `frugal bench
+// train` divide by the step time to report achieved GFLOP/s.
+double step_matmul_flops(const Recipe& recipe, const TrainResult& result, bool with_recompute = true);
+
 // Why generation ended: the model chose end-of-sequence, n_tokens were made, or prompt plus
 // continuation filled the model's max_seq_len (positions past it were never trained).
 enum class GenerationStop { end_of_sequence, token_limit, context_full };
