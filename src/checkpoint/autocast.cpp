@@ -88,12 +88,6 @@ AutocastState AutocastState::compute(c10::DeviceType device, at::ScalarType dtyp
   return s;
 }
 
-std::optional<at::ScalarType> AutocastState::dtype_on(c10::DeviceType device) const {
-  if (device == c10::DeviceType::CPU && cpu) return cpu_dtype;
-  if (device == c10::DeviceType::CUDA && cuda) return cuda_dtype;
-  return std::nullopt;
-}
-
 bool AutocastState::operator==(const AutocastState& o) const {
   return cpu == o.cpu && cuda == o.cuda && (!cpu || cpu_dtype == o.cpu_dtype) && (!cuda || cuda_dtype == o.cuda_dtype) &&
          cache == o.cache;

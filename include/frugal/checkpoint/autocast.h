@@ -18,7 +18,6 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
-#include <optional>
 #include <string>
 
 namespace frugal {
@@ -42,8 +41,6 @@ struct AutocastState {
   static AutocastState compute(c10::DeviceType device, at::ScalarType dtype);
 
   bool enabled() const { return cpu || cuda; }
-  // The dtype matrix products on `device` run in under this state, or nullopt when autocast is off there.
-  std::optional<at::ScalarType> dtype_on(c10::DeviceType device) const;
   bool operator==(const AutocastState& o) const;
   bool operator!=(const AutocastState& o) const { return !(*this == o); }
   // "off", "cpu bf16", "cpu bf16, cuda fp16"
@@ -72,7 +69,8 @@ at::ScalarType compute_dtype_for(const at::Tensor& x);
 
 // Whether `device` multiplies bf16 matrices in hardware: on the CPU, AVX512-BF16 or AMX-BF16
 // (oneDNN's bf16 kernels; without them bf16 products are emulated and slower than fp32); on CUDA,
-// a device of compute capability 8.0 or later. `why` (optional) gets the reason in a few words.
+// any device (its compute capability is not read here: bf16 tensor cores need 8.0 or later, which
+// every GPU the current CUDA wheels build for by default has). `why` (optional) gets the reason.
 bool fast_bf16(c10::DeviceType device, std::string* why = nullptr);
 
 }  // namespace checkpoint

@@ -11,7 +11,8 @@
 //       {a, b}, params);                                                     // any callable
 //
 // Safe by default: the random-number generators are restored for the recompute (dropout masks
-// match), buffers the region updates in forward (BatchNorm's running statistics) end the step with
+// match), the forward's autocast state is re-entered for it (autocast.h: bf16 products stay bf16
+// when backward() runs outside the autocast scope), buffers the region updates in forward (BatchNorm's running statistics) end the step with
 // exactly the plain run's values, and the recompute's outputs are checked against the forward's
 // (shape, dtype, device; values too with .strict(true)).
 //
