@@ -74,6 +74,7 @@ struct Region : torch::CustomClassHolder {
   CheckpointOptions options;
   size_t n_inputs = 0;
   detail::LinearCache kept;
+  int64_t tail_calls = 0;                  // checkpoint::tail_linear calls in the forward
   RngSnapshot rng;
   AutocastState autocast;                  // the forward's mixed-precision state, re-entered for the recompute
   std::vector<at::Tensor> buffers_before;  // buffer values when the forward started
@@ -142,7 +143,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     {
       // Autograd runs this with grad mode off: nothing inside the region is kept for backward.
       detail::LinearCacheScope cache_scope(opt.keep_linear_outputs() ? &region->kept : nullptr);
+      detail::TailCalls tails;
+      detail::TailCallsScope tail_scope(&tails);
       outputs = region->fn(inputs);
+      region->tail_calls = tails.calls;
     }
     for (const at::Tensor& out : outputs) region->outputs.push_back(signature_of(out, opt.strict()));
     ctx->save_for_backward(inputs);
@@ -196,6 +200,12 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       region->kept.mode = detail::LinearCache::Mode::replay;
       region->kept.next = 0;
       detail::LinearCacheScope cache_scope(opt.keep_linear_outputs() ? &region->kept : nullptr);
+      // The region's last tail product (its output feeds only the region's output) is not
+      // multiplied again: its backward needs its input and weight, which the recompute gives.
+      detail::TailCalls tails;
+      tails.mode = detail::TailCalls::Mode::recompute;
+      tails.skip = opt.skip_final_tail() && !opt.strict() ? region->tail_calls : 0;
+      detail::TailCallsScope tail_scope(&tails);
       outputs = region->fn(detached);
     }
     if (!detail::keep_for_another_backward()) region->kept.outputs.clear();
@@ -260,6 +270,7 @@ std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& i
   }) || std::any_of(params.begin(), params.end(), [](const at::Tensor& t) { return t.requires_grad(); });
   if (!at::GradMode::is_enabled() || !any_grad) {
     detail::LinearCacheScope plain(nullptr);  // nothing will run backward: just run the function
+    detail::TailCallsScope no_tails(nullptr);
     return fn(inputs);
   }
   auto region = c10::make_intrusive<Region>();

@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "frugal/checkpoint/selective.h"
 #include "frugal/memory/tracker.h"
 
 namespace frugal {
@@ -18,10 +19,13 @@ int64_t kept_sum(const std::vector<BlockCost>& costs, int64_t begin, int64_t end
   return s;
 }
 
-double forward_sum(const std::vector<BlockCost>& costs, int64_t begin, int64_t end) {
+// What recomputing the checkpointed segment [begin, end) costs: its blocks' forward but the last
+// one's tail product.
+double recompute_sum(const std::vector<BlockCost>& costs, int64_t begin, int64_t end) {
   double s = 0;
   for (int64_t b = begin; b < end; ++b) s += costs[static_cast<size_t>(b)].forward_s;
-  return s;
+  const BlockCost& last = costs[static_cast<size_t>(end - 1)];
+  return s - std::min(last.tail_s, last.forward_s);
 }
 
 // What a segment keeps from the end of forward until its backward.
@@ -65,7 +69,7 @@ int64_t predicted_peak_bytes(const std::vector<BlockCost>& costs, const std::vec
 
 double recompute_seconds(const std::vector<BlockCost>& costs, const std::vector<Segment>& segments) {
   double t = 0;
-  for (const Segment& s : segments) t += s.checkpointed ? forward_sum(costs, s.begin, s.end) : 0.0;
+  for (const Segment& s : segments) t += s.checkpointed ? recompute_sum(costs, s.begin, s.end) : 0.0;
   return t;
 }
 
@@ -112,12 +116,14 @@ std::optional<ActivationPlan> plan_for_budget(const std::vector<BlockCost>& cost
       }
       // Blocks [i, j) form one checkpointed segment.
       int64_t recompute_live = s.prefix;
-      double recompute_time = s.time;
+      double forward_time = s.time;
       for (int64_t j = i + 1; j <= n; ++j) {
-        recompute_live += costs[static_cast<size_t>(j - 1)].kept_bytes;
-        recompute_time += costs[static_cast<size_t>(j - 1)].forward_s;
+        const BlockCost& last = costs[static_cast<size_t>(j - 1)];
+        recompute_live += last.kept_bytes;
+        forward_time += last.forward_s;
         if (recompute_live > budget_bytes) break;  // longer segments only need more
-        const int64_t prefix = s.prefix + costs[static_cast<size_t>(j - 1)].output_bytes;
+        const int64_t prefix = s.prefix + last.output_bytes;
+        const double recompute_time = forward_time - std::min(last.tail_s, last.forward_s);
         states[static_cast<size_t>(j)].push_back({prefix, recompute_time, i, k, {i, j, true}});
       }
     }
@@ -182,16 +188,24 @@ std::vector<BlockCost> measure_chain(const std::vector<ChainBlock>& chain, const
       costs[i].output_bytes = static_cast<int64_t>(h.storage().nbytes());
     }
   }
-  std::vector<std::vector<double>> times(chain.size());
+  std::vector<std::vector<double>> times(chain.size()), tails(chain.size());
   for (int r = 0; r < std::max(1, timing_runs) + 1; ++r) {  // the first pass warms up
     at::Tensor h = x;
     for (size_t i = 0; i < chain.size(); ++i) {
+      double tail = 0;
+      detail::TailTimer timer(&tail);
       const auto t0 = std::chrono::steady_clock::now();
       h = chain[i].forward(h);
-      if (r > 0) times[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (r > 0) {
+        times[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        tails[i].push_back(tail);
+      }
     }
   }
-  for (size_t i = 0; i < chain.size(); ++i) costs[i].forward_s = median(times[i]);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    costs[i].forward_s = median(times[i]);
+    costs[i].tail_s = median(tails[i]);
+  }
   return costs;
 }
 
@@ -213,7 +227,7 @@ at::Tensor run_plan(const std::vector<ChainBlock>& chain, at::Tensor x, const Ac
       blocks.push_back(block.forward);
     }
     CheckpointOptions opt = options;
-    opt.name("blocks " + std::to_string(s.begin) + "-" + std::to_string(s.end - 1)).buffers(buffers);
+    opt.name("blocks " + std::to_string(s.begin) + "-" + std::to_string(s.end - 1)).buffers(buffers).skip_final_tail(true);
     x = checkpoint(
         [blocks](const at::Tensor& in) {
           at::Tensor h = in;

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
+#include <chrono>
 
 #include "frugal/checkpoint/autocast.h"
 #include "frugal/checkpoint/checkpoint.h"
@@ -12,13 +13,24 @@ namespace checkpoint {
 namespace detail {
 namespace {
 thread_local LinearCache* current_cache = nullptr;
+thread_local TailCalls* current_tails = nullptr;
+thread_local double* tail_seconds = nullptr;
 std::atomic<int> keep_requests{0};
+std::atomic<int64_t> tails_skipped{0};
 }  // namespace
 
 bool keep_for_another_backward() { return keep_requests.load() > 0; }
 
 LinearCacheScope::LinearCacheScope(LinearCache* cache) : previous_(current_cache) { current_cache = cache; }
 LinearCacheScope::~LinearCacheScope() { current_cache = previous_; }
+
+TailCallsScope::TailCallsScope(TailCalls* calls) : previous_(current_tails) { current_tails = calls; }
+TailCallsScope::~TailCallsScope() { current_tails = previous_; }
+
+int64_t tail_products_skipped() { return tails_skipped.load(); }
+
+TailTimer::TailTimer(double* seconds) : previous_(tail_seconds) { tail_seconds = seconds; }
+TailTimer::~TailTimer() { tail_seconds = previous_; }
 
 }  // namespace detail
 
@@ -57,7 +69,37 @@ class KeptLinear : public torch::autograd::Function<KeptLinear> {
   }
 };
 
+// The region's last tail product in a recompute: nothing reads its output's values (the sum it
+// feeds is the region's output, which backward only uses as a root), so the output is zeros of
+// the product's shape and dtype that take no memory (one element, expanded).
+at::Tensor skipped_product(const at::Tensor& z, const at::Tensor& weight, const at::Tensor& bias) {
+  const at::ScalarType compute = compute_dtype_for(weight);
+  auto cast = [compute](const at::Tensor& t) { return t.defined() && t.scalar_type() != compute ? t.to(compute) : t; };
+  std::vector<int64_t> shape = z.sizes().vec();
+  shape.back() = weight.size(0);
+  const at::Tensor none = at::zeros({}, z.options().dtype(compute)).expand(shape);
+  const at::Tensor b = cast(bias);
+  const c10::optional<at::Tensor> maybe_bias = b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
+  return KeptLinear::apply(cast(z), cast(weight), maybe_bias, none)[0];
+}
+
 }  // namespace
+
+at::Tensor tail_linear(const at::Tensor& z, const at::Tensor& weight, const at::Tensor& bias) {
+  detail::TailCalls* tails = detail::current_tails;
+  if (tails != nullptr) {
+    ++tails->calls;
+    if (tails->mode == detail::TailCalls::Mode::recompute && tails->calls == tails->skip && at::GradMode::is_enabled()) {
+      detail::tails_skipped.fetch_add(1);
+      return skipped_product(z, weight, bias);
+    }
+  }
+  if (detail::tail_seconds == nullptr) return at::linear(z, weight, bias);
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor y = at::linear(z, weight, bias);
+  *detail::tail_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return y;
+}
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   detail::LinearCache* cache = detail::current_cache;

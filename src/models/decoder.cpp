@@ -217,7 +217,10 @@ struct LlamaMLPImpl : torch::nn::Module {
   // x: (B, T, d) -> (B, T, d), SwiGLU
   at::Tensor forward(const at::Tensor& x) {
     const at::Tensor gate = lin(gate_proj, x), up = lin(up_proj, x);
-    return lin(down_proj, gate.scalar_type() == at::kFloat ? at::silu(gate) * up : SwiGLUFn::apply(gate, up)[0]);
+    // down_proj closes the block's residual branch: a checkpointed region that ends with this
+    // block does not multiply it again in its recompute (checkpoint::tail_linear).
+    const at::Tensor z = gate.scalar_type() == at::kFloat ? at::silu(gate) * up : SwiGLUFn::apply(gate, up)[0];
+    return checkpoint::tail_linear(z, down_proj->weight, down_proj->bias);
   }
 };
 TORCH_MODULE(LlamaMLP);
@@ -310,7 +313,9 @@ struct GPT2MLPImpl : torch::nn::Module {
     c_fc = register_module("c_fc", torch::nn::Linear(c.dim, c.ffn_dim));
     c_proj = register_module("c_proj", torch::nn::Linear(c.ffn_dim, c.dim));
   }
-  at::Tensor forward(const at::Tensor& x) { return lin(c_proj, at::gelu(lin(c_fc, x))); }
+  at::Tensor forward(const at::Tensor& x) {  // c_proj closes the residual branch (checkpoint::tail_linear)
+    return checkpoint::tail_linear(at::gelu(lin(c_fc, x)), c_proj->weight, c_proj->bias);
+  }
 };
 TORCH_MODULE(GPT2MLP);
 

@@ -359,10 +359,14 @@ class Trainer {
     }();
     // A decoder's blocks are identical: one time for all (their median), so the timer's noise does
     // not pick among plans of equal cost and every run of a recipe makes the same plan.
-    std::vector<double> times;
-    for (const auto& c : costs) times.push_back(c.forward_s);
-    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
-    for (auto& c : costs) c.forward_s = times[times.size() / 2];
+    auto same_for_all = [&costs](double checkpoint::BlockCost::*field) {
+      std::vector<double> times;
+      for (const auto& c : costs) times.push_back(c.*field);
+      std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+      for (auto& c : costs) c.*field = times[times.size() / 2];
+    };
+    same_for_all(&checkpoint::BlockCost::forward_s);
+    same_for_all(&checkpoint::BlockCost::tail_s);
     const auto plan = checkpoint::plan_for_budget(costs, r_.activation_budget);
     if (!plan) {
       throw RecipeError("memory.activation_budget " + std::to_string(r_.activation_budget) +

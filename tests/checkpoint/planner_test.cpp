@@ -38,8 +38,12 @@ std::vector<std::vector<Segment>> all_segmentations(int64_t n) {
 std::vector<BlockCost> random_costs(std::mt19937& rng, int64_t n) {
   std::uniform_int_distribution<int64_t> kept(100, 1000), out(5, 60);
   std::uniform_real_distribution<double> time(0.5, 2.0);
+  std::uniform_real_distribution<double> tail(0.0, 0.3);  // of the forward: the closing product's share
   std::vector<BlockCost> costs(static_cast<size_t>(n));
-  for (auto& c : costs) c = {kept(rng), out(rng), time(rng)};
+  for (auto& c : costs) {
+    c = {kept(rng), out(rng), time(rng)};
+    c.tail_s = tail(rng) * c.forward_s;
+  }
   return costs;
 }
 

@@ -42,6 +42,10 @@ struct CheckpointOptions {
   // num_batches_tracked): the recompute starts from their forward-time values and its updates are
   // undone, so the step updates them once. The module overload fills this in.
   TORCH_ARG(std::vector<at::Tensor>, buffers) = {};
+  // The region ends with a block whose last product is checkpoint::tail_linear (selective.h) and
+  // whose output is the region's output, as in run_chain and run_plan: the recompute builds that
+  // product's backward without multiplying. Off under strict (the values are compared).
+  TORCH_ARG(bool, skip_final_tail) = false;
   // Also compare the recompute's output values with the forward's (a checksum per output).
   TORCH_ARG(bool, strict) = false;
   // Relative tolerance of the strict comparison.

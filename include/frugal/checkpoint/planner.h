@@ -13,7 +13,8 @@
 // activations live at the end of forward are K = sum of those contributions. In backward, when the
 // segment [i, j) is recomputed, everything after it has been freed and everything before it is
 // still kept: live = prefix(i) + sum(kept[i..j)). The predicted peak is the largest of K and these.
-// Recompute time is the forward time of every block in a checkpointed segment.
+// Recompute time is the forward time of every block in a checkpointed segment but the segment's
+// last tail product (a block's closing projection, which the recompute never multiplies again).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -31,6 +32,7 @@ struct BlockCost {
   int64_t kept_bytes = 0;    // activation bytes kept for backward when the block runs plainly
   int64_t output_bytes = 0;  // bytes of its output
   double forward_s = 0;      // forward time with autograd recording
+  double tail_s = 0;         // of which its tail_linear product (selective.h): not recomputed when it ends a segment
 };
 
 struct Segment {
@@ -63,7 +65,7 @@ ActivationPlan sqrt_n_plan(const std::vector<BlockCost>& costs);
 ActivationPlan no_checkpoint_plan(const std::vector<BlockCost>& costs);
 
 // Runs the chain once plainly under its own allocation tracker to measure what each block keeps,
-// then times each block's forward (median of timing_runs).
+// then times each block's forward and its tail product (medians of timing_runs).
 std::vector<BlockCost> measure_chain(const std::vector<ChainBlock>& chain, const at::Tensor& x,
                                      int timing_runs = 3);
 
