@@ -138,7 +138,7 @@ int bench_train(int argc, char** argv) {
     w.result = train_run(w.recipe);
   }
   const double matmul = bench::measure_matmul_gflops(1024, 0.5);
-  const double matmul_bf16 = bench::measure_bf16_matmul_gflops(1024, 0.5);
+  const double matmul_bf16 = bench::measure_compute_matmul_gflops(at::kBFloat16, 1024, 0.5);
   std::string bf16_why;
   const bool fast_bf16 = checkpoint::fast_bf16(on.device.type(), &bf16_why);
   auto tps = [&](const train::TrainResult& r) { return tokens_per_step / median_step_s(r); };

@@ -435,8 +435,7 @@ int run_train(int argc, char** argv) {
             << ") + the rest; " << faults << " pages read from disk in " << result.timings.size() << " steps";
     if (step.total_s >= 1.0 && recipe.device.is_cpu()) {  // worth half a second of measuring
       // Against the products' own precision (bf16 under autocast).
-      matmul_gflops = result.compute_dtype == at::kBFloat16 ? bench::measure_bf16_matmul_gflops(1024, 0.5)
-                                                            : bench::measure_matmul_gflops(1024, 0.5);
+      matmul_gflops = bench::measure_compute_matmul_gflops(result.compute_dtype, 1024, 0.5);
       char line[160];
       std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)",
                     step_gflops, 100 * step_gflops / std::max(matmul_gflops, 1e-9), train::dtype_name(result.compute_dtype), matmul_gflops);

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "frugal/checkpoint/autocast.h"
+
 namespace frugal {
 namespace bench {
 
@@ -33,6 +35,12 @@ double matmul_gflops(int64_t n, double min_seconds, at::ScalarType dtype) {
 double measure_matmul_gflops(int64_t n, double min_seconds) { return matmul_gflops(n, min_seconds, at::kFloat); }
 
 double measure_bf16_matmul_gflops(int64_t n, double min_seconds) { return matmul_gflops(n, min_seconds, at::kBFloat16); }
+
+double measure_compute_matmul_gflops(at::ScalarType compute, int64_t n, double min_seconds) {
+  if (compute != at::kBFloat16) return measure_matmul_gflops(n, min_seconds);
+  checkpoint::ComputeThreadsGuard threads(c10::kCPU, compute);
+  return measure_bf16_matmul_gflops(n, min_seconds);
+}
 
 
 std::string loaded_blas_library() {

@@ -1,8 +1,14 @@
 #include "frugal/checkpoint/autocast.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <dlfcn.h>
+#include <sched.h>
 #include <torch/version.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -162,6 +168,54 @@ bool fast_bf16(c10::DeviceType device, std::string* why) {
   say("bf16 matrix instructions are only detected on x86-64 CPUs");
   return false;
 #endif
+}
+
+namespace {
+
+// The cores this process may run on; FRUGAL_NUM_THREADS (a launcher's share of them) caps it.
+int usable_cores() {
+  int n = 1;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) n = std::max(1, CPU_COUNT(&set));
+  if (const char* share = std::getenv("FRUGAL_NUM_THREADS"); share && *share) {
+    const long long s = std::atoll(share);
+    if (s >= 1 && s < n) n = static_cast<int>(s);
+  }
+  return n;
+}
+
+// OpenBLAS's thread-count calls, when the loaded BLAS is OpenBLAS (found by name at run time:
+// frugal links only the reference BLAS interface).
+using SetThreads = void (*)(int);
+using GetThreads = int (*)();
+SetThreads blas_set_threads() { return reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads")); }
+GetThreads blas_get_threads() { return reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads")); }
+
+}  // namespace
+
+ComputeThreadsGuard::ComputeThreadsGuard(c10::DeviceType device, at::ScalarType compute) {
+  if (device != c10::kCPU || compute == at::kFloat || compute == at::kDouble) return;
+  const int cores = usable_cores(), now = at::get_num_threads();
+  if (cores > now) {
+    previous_threads_ = now;
+    at::set_num_threads(cores);
+    what_ = std::to_string(cores) + " intra-op threads (LibTorch's default here: " + std::to_string(now) + ")";
+  }
+  const SetThreads set = blas_set_threads();
+  const GetThreads get = blas_get_threads();
+  if (set && get && get() > 1) {
+    previous_blas_threads_ = get();
+    set(1);
+    what_ += std::string(what_.empty() ? "" : ", ") + "OpenBLAS at 1 thread (was " + std::to_string(previous_blas_threads_) + ")";
+  }
+}
+
+ComputeThreadsGuard::~ComputeThreadsGuard() {
+  if (previous_threads_ > 0) at::set_num_threads(previous_threads_);
+  if (previous_blas_threads_ > 0) {
+    if (const SetThreads set = blas_set_threads()) set(previous_blas_threads_);
+  }
 }
 
 }  // namespace checkpoint

@@ -73,9 +73,9 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   a.block_plain = (llama ? BT * (residual + inner + mlp_kept * f * ce + 8) + rotary_tables + attention_kept + weight_copies
                          : BT * (residual + inner + 2 * f * ce + 4 * e) + attention_kept + weight_copies).v;
   a.block_input = (BT * d * e).v;
-  // Selective keeps the input and every matrix product's output: q, k, v, o, gate, up, down (llama);
-  // qkv, proj, fc, fc-proj (gpt2).
-  a.block_selective = (a.block_input + (llama ? BT * (4 * d + 2 * kv + 2 * f) * ce : BT * (6 * d + f) * ce)).v;
+  // Selective keeps the input and the matrix products' outputs but the closing tail_linear's, which
+  // its recompute does not multiply (selective.h): q, k, v, o, gate, up (llama); qkv, proj, fc (gpt2).
+  a.block_selective = (a.block_input + (llama ? BT * (3 * d + 2 * kv + 2 * f) * ce : BT * (5 * d + f) * ce)).v;
   // A checkpointed block's backward holds gradients of its intermediates worth a little under half a block's
   // activations at its peak (measured with the tracker in backward mode: 0.43 on the tiny recipe;
   // on the default one, where the last block of an activation plan stays whole, its recomputed

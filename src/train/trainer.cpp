@@ -237,6 +237,10 @@ class Trainer {
     if (result_.compute_dtype != r_.dtype) autocast_ = checkpoint::AutocastState::compute(r_.device.type(), result_.compute_dtype);
     compute_line_ = std::string("compute: ") + dtype_name(result_.compute_dtype) +
                     (autocast_.enabled() ? " matrix products (autocast) over fp32 parameters" : "") + " (" + why + ")";
+    // bf16 products run on LibTorch's own thread pool (oneDNN), fp32 ones on the BLAS library's:
+    // the pools are sized for the run's precision, for the whole run (autocast.h).
+    threads_ = std::make_unique<checkpoint::ComputeThreadsGuard>(r_.device.type(), result_.compute_dtype);
+    if (!threads_->describe().empty()) compute_line_ += "; " + threads_->describe();
     if (group_ && r_.batch_size % group_->size() != 0) {
       throw RecipeError("train.batch_size " + std::to_string(r_.batch_size) + " does not split evenly over " +
                         std::to_string(group_->size()) + " ranks: each rank trains on an equal share of every batch");
@@ -660,6 +664,7 @@ class Trainer {
   DataParallel dp_;
   std::string compute_line_, plan_line_;  // logged when training starts
   checkpoint::AutocastState autocast_ = checkpoint::AutocastState::off();  // on when compute_dtype differs from model.dtype
+  std::unique_ptr<checkpoint::ComputeThreadsGuard> threads_;  // thread pools for the compute dtype, until the run ends
   dist::Traffic traffic_start_;
   std::string recipe_yaml_;
   int64_t start_ = 0, stop_ = 0;

@@ -1,6 +1,8 @@
 // Mixed precision: the autocast state frugal sets and re-enters, checkpointed regions and the chunked
 // loss recomputing under the forward's state, and bf16 training numerics against fp32.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/torch.h>
@@ -94,6 +96,44 @@ TEST(Autocast, FastBf16NamesItsReason) {
   const bool fast = checkpoint::fast_bf16(c10::kCPU, &why);
   EXPECT_FALSE(why.empty());
   EXPECT_NE(why.find(fast ? "has" : "neither"), std::string::npos) << why;
+}
+
+// bf16 compute on the CPU sizes LibTorch's pool to the cores this process may use and OpenBLAS's
+// to one thread, and puts both back; fp32 compute changes nothing.
+TEST(Autocast, ComputeThreadsFollowThePrecisionAndAreRestored) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set), before = at::get_num_threads();
+  using GetThreads = int (*)();
+  const auto blas = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const int blas_before = blas ? blas() : 0;
+  {
+    checkpoint::ComputeThreadsGuard fp32(c10::kCPU, at::kFloat);
+    EXPECT_EQ(at::get_num_threads(), before);
+    EXPECT_TRUE(fp32.describe().empty());
+    if (blas) {
+      EXPECT_EQ(blas(), blas_before);
+    }
+  }
+  {
+    checkpoint::ComputeThreadsGuard bf16(c10::kCPU, at::kBFloat16);
+    EXPECT_EQ(at::get_num_threads(), std::max(before, cores));
+    if (blas) {
+      EXPECT_EQ(blas(), 1);
+    }
+    EXPECT_EQ(bf16.describe().empty(), before >= cores && (!blas || blas_before <= 1)) << bf16.describe();
+  }
+  EXPECT_EQ(at::get_num_threads(), before);
+  if (blas) {
+    EXPECT_EQ(blas(), blas_before);
+  }
+  {
+    ::setenv("FRUGAL_NUM_THREADS", "1", 1);  // a launcher's share caps the pool
+    checkpoint::ComputeThreadsGuard shared(c10::kCPU, at::kBFloat16);
+    EXPECT_EQ(at::get_num_threads(), before);
+    ::unsetenv("FRUGAL_NUM_THREADS");
+  }
 }
 
 // The recompute of a checkpointed region runs under the forward's autocast state even though
