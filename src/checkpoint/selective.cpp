@@ -69,18 +69,22 @@ class KeptLinear : public torch::autograd::Function<KeptLinear> {
   }
 };
 
-// The region's last tail product in a recompute: nothing reads its output's values (the sum it
-// feeds is the region's output, which backward only uses as a root), so the output is zeros of
-// the product's shape and dtype that take no memory (one element, expanded).
-at::Tensor skipped_product(const at::Tensor& z, const at::Tensor& weight, const at::Tensor& bias) {
+// A product whose output is known (or never read) with the product's backward. Under autocast
+// the recompute's product would have run in the compute dtype: its inputs are cast the same way
+// here (the casts' backward brings the gradients back to the weight's dtype), so the backward
+// multiplies what the forward's product multiplied. kept: the output, or undefined for zeros of
+// its shape and dtype that take no memory (one element, expanded).
+at::Tensor known_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor kept) {
   const at::ScalarType compute = compute_dtype_for(weight);
   auto cast = [compute](const at::Tensor& t) { return t.defined() && t.scalar_type() != compute ? t.to(compute) : t; };
-  std::vector<int64_t> shape = z.sizes().vec();
-  shape.back() = weight.size(0);
-  const at::Tensor none = at::zeros({}, z.options().dtype(compute)).expand(shape);
+  if (!kept.defined()) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    kept = at::zeros({}, x.options().dtype(compute)).expand(shape);
+  }
   const at::Tensor b = cast(bias);
   const c10::optional<at::Tensor> maybe_bias = b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
-  return KeptLinear::apply(cast(z), cast(weight), maybe_bias, none)[0];
+  return KeptLinear::apply(cast(x), cast(weight), maybe_bias, kept)[0];
 }
 
 }  // namespace
@@ -90,8 +94,10 @@ at::Tensor tail_linear(const at::Tensor& z, const at::Tensor& weight, const at::
   if (tails != nullptr) {
     ++tails->calls;
     if (tails->mode == detail::TailCalls::Mode::recompute && tails->calls == tails->skip && at::GradMode::is_enabled()) {
+      // Nothing reads this output's values (the sum it feeds is the region's output, which
+      // backward only uses as a root): zeros stand in for it.
       detail::tails_skipped.fetch_add(1);
-      return skipped_product(z, weight, bias);
+      return known_product(z, weight, bias, at::Tensor());
     }
   }
   if (detail::tail_seconds == nullptr) return at::linear(z, weight, bias);
@@ -117,14 +123,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   at::Tensor kept = cache->outputs[cache->next];
   if (!detail::keep_for_another_backward()) cache->outputs[cache->next] = at::Tensor();  // the graph holds it now
   ++cache->next;
-  // Under autocast the recompute's product would have run in the compute dtype: its inputs are
-  // cast the same way here (the casts' backward brings the gradients back to the weight's dtype),
-  // so the backward multiplies what the forward's product multiplied.
-  const at::ScalarType compute = compute_dtype_for(weight);
-  auto cast = [compute](const at::Tensor& t) { return t.defined() && t.scalar_type() != compute ? t.to(compute) : t; };
-  const at::Tensor b = cast(bias);
-  const c10::optional<at::Tensor> maybe_bias = b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
-  return KeptLinear::apply(cast(x), cast(weight), maybe_bias, kept)[0];
+  TORCH_CHECK(kept.defined(), "selective checkpoint: a kept Linear output was already used by an earlier backward; "
+              "hold a checkpoint::KeepForAnotherBackward around backward passes that will be repeated");
+  return known_product(x, weight, bias, kept);
 }
 
 }  // namespace checkpoint
