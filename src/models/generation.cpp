@@ -44,9 +44,11 @@ int64_t choose_next_token(const at::Tensor& logits_in, const GenerationOptions& 
   const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat).reshape({-1});  // (V)
   if (logits.isnan().any().item<bool>()) throw std::runtime_error("the model's logits hold NaN");
   if (o.temperature() == 0) return logits.argmax().item<int64_t>();
-  // Shifted by the max first: (l - max) <= 0, so dividing by a tiny temperature gives 0 for the
-  // likeliest and -inf for the others (greedy), never +inf and NaN probabilities.
-  at::Tensor scaled = (logits - logits.max()) / o.temperature();  // (V)
+  // Shifted by the max first: (l - max) <= 0, so dividing by a tiny temperature gives -inf for all
+  // but the likeliest (greedy), never +inf; the likeliest stay exactly 0 even when the temperature
+  // underflows to 0 in fp32 (0 / 0 would be NaN).
+  const at::Tensor shifted = logits - logits.max();                                            // (V)
+  at::Tensor scaled = at::where(shifted == 0, shifted, shifted / o.temperature());            // (V)
   const int64_t V = scaled.size(0);
   if (o.top_k() > 0 && o.top_k() < V) {
     const at::Tensor kth = std::get<0>(scaled.topk(o.top_k())).select(0, o.top_k() - 1);

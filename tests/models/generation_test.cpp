@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -109,9 +110,11 @@ TEST(Generation, TopPKeepsTheSmallestSetReachingP) {
 TEST(Generation, StopsAtEndOfSequenceAndAtTheContext) {
   auto m = tiny_model();
   const auto g = models::generate_ids(*m, kPrompt, greedy(10)).tokens;
-  const auto stopped = models::generate_ids(*m, kPrompt, greedy(10).eos_ids({99, g[3]}));
+  // The last new id of the greedy run as EOS: generation stops just before its first appearance.
+  const size_t k = static_cast<size_t>(std::find(g.begin(), g.end(), g.back()) - g.begin());
+  const auto stopped = models::generate_ids(*m, kPrompt, greedy(10).eos_ids({99, g.back()}));
   EXPECT_EQ(stopped.stop, models::GenerationStop::end_of_sequence);
-  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(g.begin(), g.begin() + 3));
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(k)));
   const auto full = models::generate_ids(*m, kPrompt, greedy(1000));
   EXPECT_EQ(full.stop, models::GenerationStop::context_full);
   EXPECT_EQ(full.tokens.size() + kPrompt.size(), 48u);
