@@ -181,7 +181,6 @@ HARD_STRINGS = {
 
 def check_tokenizer(frugal, work):
     """AutoTokenizer on a tokenizer.json folder against frugal tokenizer encode --json --text-file (when it exists)."""
-    rc, _ = run([frugal, "tokenizer", "encode", "--help"])
     if "--json" not in subprocess.run([frugal, "tokenizer", "encode", "--help"], capture_output=True, text=True).stdout:
         return None, "frugal tokenizer encode has no --json yet: skipped"
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
