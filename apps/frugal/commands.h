@@ -1,8 +1,12 @@
 // apps/frugal/commands.h — one entry point per subcommand; each returns the process exit code.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "frugal/data/tokenizer.h"
 
 namespace frugal {
 namespace train {
@@ -14,6 +18,7 @@ int run_account(int argc, char** argv);  // argv[0] = "frugal", argv[1] = "accou
 int run_bench(int argc, char** argv);    // argv[1] = "bench", argv[2] = NAME
 int run_train(int argc, char** argv);
 int run_generate(int argc, char** argv);
+int run_eval(int argc, char** argv);
 int run_tokenizer(int argc, char** argv);
 int run_report(int argc, char** argv);
 
@@ -35,6 +40,15 @@ std::string resolve_recipe(const std::string& arg);
 // it lacks, a model.init_from that is not a folder, train.out_dir or data files that are not what
 // they must be, and (with data) a data.corpus that is missing when the tokenizer or tokens must be made.
 void check_recipe_inputs(const train::Recipe& recipe, bool data);
+
+// --checkpoint DIR as generate and eval take it: a folder with config.json (Hugging Face or a frugal
+// step-N folder) as it is, or a run folder's latest checkpoint. UsageError when it is neither.
+std::string resolve_checkpoint_dir(const std::string& dir);
+// The checkpoint folder's tokenizer (tokenizer.model for now), or none when the folder has none.
+std::optional<data::Tokenizer> load_checkpoint_tokenizer(const std::string& dir);
+
+// Token ids written as "1,2,3", "1 2 3" or a JSON list "[1, 2, 3]". UsageError naming `what`.
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);
 
 // The median of the values (0 for none).
 double median(std::vector<double> values);

@@ -27,7 +27,8 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train     train or fine-tune a Llama-style language model from a YAML recipe (frugal train default)\n"
-    "  generate  sample text from a trained checkpoint\n"
+    "  generate  continue a prompt (text or token ids) with a checkpoint: greedy, top-k, top-p\n"
+    "  eval      a checkpoint's mean loss and perplexity on held-out text or tokens\n"
     "  tokenizer train a SentencePiece tokenizer on a corpus, or encode text with one\n"
     "  account   measure parameter, gradient, optimizer and activation memory of a Transformer stack,\n"
     "            with and without activation checkpointing\n"
@@ -78,7 +79,7 @@ void write_output(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   using namespace frugal;
   if (argc < 2) {
-    std::cerr << "frugal: a command is needed (account, bench, train, generate, tokenizer, report); 'frugal --help' lists them\n";
+    std::cerr << "frugal: a command is needed (account, bench, train, generate, eval, tokenizer, report); 'frugal --help' lists them\n";
     return 2;
   }
   if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
@@ -96,9 +97,10 @@ int main(int argc, char** argv) {
     if (command == "bench") return cli::run_bench(argc, argv);
     if (command == "train") return cli::run_train(argc, argv);
     if (command == "generate") return cli::run_generate(argc, argv);
+    if (command == "eval") return cli::run_eval(argc, argv);
     if (command == "tokenizer") return cli::run_tokenizer(argc, argv);
     if (command == "report") return cli::run_report(argc, argv);
-    throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench, train, generate, tokenizer, report)");
+    throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench, train, generate, eval, tokenizer, report)");
   } catch (const cli::UsageError& e) {
     std::cerr << "frugal: " << e.what() << "\n";
     return 2;

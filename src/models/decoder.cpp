@@ -408,6 +408,20 @@ at::Tensor DecoderImpl::logits(const at::Tensor& tokens) {
   return at::linear(hidden_states(tokens), head_weight());  // (B, T, V)
 }
 
+// ---- PLACEHOLDER for the KV cache (the model branch replaces this block with real per-layer K/V) ----
+// Keeps the token ids seen so far in cache.keys[0] (B, T_seen) and recomputes logits() over all of
+// them, so a call costs O(T_seen) and generation is quadratic; the interface is the real one.
+at::Tensor DecoderImpl::logits_with_cache(const at::Tensor& tokens, KVCache& cache) {
+  TORCH_CHECK(tokens.dim() == 2, "logits_with_cache: tokens must be (B, T), got ", tokens.sizes());
+  at::NoGradGuard no_grad;
+  const at::Tensor seen = cache.length == 0 ? tokens : at::cat({cache.keys.at(0), tokens}, 1);  // (B, T_seen + T)
+  cache.keys.assign(1, seen);
+  cache.length = seen.size(1);
+  const at::Tensor all = logits(seen);                                                    // (B, T_seen + T, V)
+  return all.narrow(1, all.size(1) - tokens.size(1), tokens.size(1)).to(at::kFloat);    // (B, T, V)
+}
+// ---- end PLACEHOLDER ----
+
 at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options) {
   const at::Tensor h = hidden_states(tokens);  // (B, T, d)
   if (options.chunked()) {

@@ -19,6 +19,7 @@
 #include "frugal/io/json_value.h"
 #include "frugal/io/units.h"
 #include "frugal/memory/trace.h"
+#include "frugal/models/generation.h"
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/optim/schedule.h"
 #include "frugal/train/run_state.h"
@@ -148,75 +149,6 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
         std::to_string(made.tokens) + " tokens: " + p.tokens_path);
   }
   return p;
-}
-
-const char* generation_stop_name(GenerationStop s) {
-  switch (s) {
-    case GenerationStop::end_of_sequence: return "end-of-sequence token";
-    case GenerationStop::token_limit: return "token limit reached";
-    case GenerationStop::context_full: return "context full";
-  }
-  return "?";
-}
-
-Generation generate(models::DecoderImpl& model, const data::Tokenizer& tok, const std::string& prompt, int64_t n_tokens,
-                    double temperature, int64_t top_k, uint64_t seed) {
-  at::NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
-  const auto device = model.parameters().front().device();
-  if (tok.vocab_size() > model.config().vocab_size) {
-    throw std::invalid_argument("tokenizer " + tok.path() + " has " + std::to_string(tok.vocab_size()) +
-                                " pieces, more than the model's vocab_size " + std::to_string(model.config().vocab_size));
-  }
-  std::vector<int32_t> ids = tok.encode(prompt);
-  if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());  // a tokenizer may have no BOS piece
-  if (ids.empty()) throw std::invalid_argument("tokenizer " + tok.path() + " has no BOS piece, so the prompt must not be empty");
-  const size_t n_prompt = ids.size();
-  const std::ptrdiff_t first = tok.bos_id() >= 0 ? 1 : 0;  // the text starts after the BOS piece, if any
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const size_t window = static_cast<size_t>(model.config().max_seq_len);
-  Generation g;
-  g.stop = GenerationStop::token_limit;
-  for (int64_t i = 0; i < n_tokens; ++i) {
-    if (ids.size() >= window) {
-      g.stop = GenerationStop::context_full;
-      break;
-    }
-    const at::Tensor x = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0).to(device);  // (1, T)
-    at::Tensor logits = model.logits(x).select(1, -1).squeeze(0).to(at::kFloat).to(at::kCPU);  // (V)
-    int32_t next;
-    if (temperature <= 0) {
-      next = static_cast<int32_t>(logits.argmax().item<int64_t>());
-    } else {
-      logits = logits / temperature;
-      if (top_k > 0 && top_k < logits.size(0)) {
-        const at::Tensor kth = std::get<0>(logits.topk(top_k)).select(0, top_k - 1);
-        logits = logits.masked_fill(logits < kth, -INFINITY);
-      }
-      next = static_cast<int32_t>(at::multinomial(at::softmax(logits, 0), 1, false, gen).item<int64_t>());
-    }
-    if (next == tok.eos_id()) {
-      g.stop = GenerationStop::end_of_sequence;
-      break;
-    }
-    ids.push_back(next);
-    g.tokens.push_back(next);
-  }
-  if (was_training) model.train();
-  // Decoded alone, the continuation loses the word boundary SentencePiece marks on its first piece
-  // ("isto:"); decoded with the prompt it gets it, and the prompt's own decoding is cut off so the
-  // user's prompt is shown exactly as given.
-  const std::vector<int32_t> prompt_ids(ids.begin() + first, ids.begin() + static_cast<std::ptrdiff_t>(n_prompt));
-  const std::string prompt_text = tok.decode(prompt_ids);
-  const std::string all = tok.decode(std::vector<int32_t>(ids.begin() + first, ids.end()));
-  g.text = all.compare(0, prompt_text.size(), prompt_text) == 0 ? prompt + all.substr(prompt_text.size()) : all;
-  return g;
-}
-
-std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tok, const std::string& prompt,
-                          int64_t n_tokens, double temperature, int64_t top_k, uint64_t seed) {
-  return generate(model, tok, prompt, n_tokens, temperature, top_k, seed).text;
 }
 
 namespace {
@@ -588,7 +520,8 @@ class Trainer {
       log_("sampling " + std::to_string(r_.sample_tokens) + " tokens after \"" + r_.sample_prompt + "\"");
       memory::PhaseScope phase(memory::Phase::sampling);
       checkpoint::AutocastGuard compute(autocast_);
-      result_.sample = generate_text(*model_, *tokenizer_, r_.sample_prompt, r_.sample_tokens, 0.8, 40, static_cast<uint64_t>(r_.seed));
+      result_.sample = models::generate(*model_, *tokenizer_, r_.sample_prompt,
+                                        models::GenerationOptions().max_new_tokens(r_.sample_tokens).temperature(0.8).top_k(40).seed(static_cast<uint64_t>(r_.seed))).text;
     }
     return std::move(result_);
   }

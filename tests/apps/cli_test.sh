@@ -256,6 +256,17 @@ expect 0 "stopped: \(token limit reached\|end-of-sequence token\)" -- generate -
 long_prompt=$(printf 'the cat sat on the mat %.0s' $(seq 40))
 expect 0 "0 of 5 tokens; stopped: context full (max_seq_len 64" -- generate --checkpoint "$tmp/straight" --prompt "$long_prompt" --tokens 5
 expect 2 "--checkpoint /nonexistent is not a folder" -- generate --checkpoint /nonexistent --prompt x
+# generate: ids in and out, sampling options checked; eval: loss over windows, bad input exit 2.
+expect 0 "of 4 tokens" -- generate --checkpoint "$tmp/straight" --prompt-ids 1,5,9 --max-new-tokens 4 --top-p 0.9 --seed 2 --json-out "$tmp/gen.json"
+grep -q '"stop": "\(max_new_tokens\|eos\)"' "$tmp/gen.json" || { echo "FAIL: generate --json-out"; cat "$tmp/gen.json"; failed=$((failed + 1)); }
+expect 2 "temperature must be a finite number >= 0" -- generate --checkpoint "$tmp/straight" --prompt x --temperature inf
+expect 2 "top_p must be in (0, 1\]" -- generate --checkpoint "$tmp/straight" --prompt x --top-p 0
+expect 2 "--prompt and --prompt-ids exclude each other" -- generate --checkpoint "$tmp/straight" --prompt x --prompt-ids 1
+printf 'A fool and his money are soon parted.\n' >"$tmp/eval.txt"
+expect 0 "loss [0-9.]*  perplexity [0-9.]*  tokens [0-9]*" -- eval --checkpoint "$tmp/straight" --text "$tmp/eval.txt" --seq-len 8
+expect 2 "give exactly one of --text, --tokens, --jsonl" -- eval --checkpoint "$tmp/straight"
+echo 1 2 999999 >"$tmp/bad-ids.txt"
+expect 2 "is outside the model.s vocabulary" -- eval --checkpoint "$tmp/straight" --tokens "$tmp/bad-ids.txt"
 mkdir -p "$tmp/corpus" && printf 'one fortune\n%%\nanother fortune here\n%%\nand a third\n' > "$tmp/corpus/f"
 for i in $(seq 1 50); do printf 'line %d of some text about cats and dogs\n%%\n' "$i" >> "$tmp/corpus/f"; done
 expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t2" --vocab-size 300

@@ -11,6 +11,7 @@
 #include "frugal/memory/trace.h"
 #include "frugal/models/activation_bytes.h"
 #include "frugal/memory/tracker.h"
+#include "frugal/models/generation.h"
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/run_state.h"
 #include "frugal/train/trainer.h"
@@ -18,6 +19,8 @@
 using namespace frugal;
 
 namespace {
+
+models::GenerationOptions greedy(int64_t n) { return models::GenerationOptions().max_new_tokens(n).temperature(0); }
 
 // The tiny recipe with its files in a shared temporary folder (the tokenizer is made once).
 train::Recipe tiny(const std::string& run, std::vector<std::string> overrides = {}) {
@@ -276,32 +279,32 @@ TEST(Trainer, CheckpointsHoldAWorkingModelAndTokenizer) {
   auto model = models::make_decoder(models::read_hf_config(dir + "/config.json"));
   models::load_hf_weights(*model, dir);
   const auto tok = data::Tokenizer::load(dir + "/tokenizer.model");
-  const std::string text = train::generate_text(*model, tok, "Hello", 5, 0.0, 0, 0);
+  const std::string text = models::generate(*model, tok, "Hello", greedy(5)).text;
   EXPECT_EQ(text.rfind("Hello", 0), 0u);
   // Prompt and continuation are decoded as one sequence (SentencePiece's word boundaries), and
   // each way of stopping says which it was.
   std::vector<int32_t> all = tok.encode("Hello");
   const size_t n_prompt = all.size() + 1;  // with BOS
-  const train::Generation few = train::generate(*model, tok, "Hello", 5, 0.0, 0, 0);
+  const models::Generation few = models::generate(*model, tok, "Hello", greedy(5));
   all.insert(all.end(), few.tokens.begin(), few.tokens.end());
   EXPECT_EQ(few.text, tok.decode(all));
-  if (few.stop != train::GenerationStop::end_of_sequence) {
-    EXPECT_EQ(few.stop, train::GenerationStop::token_limit);
+  if (few.stop != models::GenerationStop::end_of_sequence) {
+    EXPECT_EQ(few.stop, models::GenerationStop::token_limit);
     EXPECT_EQ(few.tokens.size(), 5u);
   }
-  const train::Generation many = train::generate(*model, tok, "Hello", 1000, 1.0, 0, 3);
-  if (many.stop == train::GenerationStop::context_full) {
+  const models::Generation many = models::generate(*model, tok, "Hello", models::GenerationOptions().max_new_tokens(1000).temperature(1.0).seed(3));
+  if (many.stop == models::GenerationStop::context_full) {
     EXPECT_EQ(many.tokens.size() + n_prompt, static_cast<size_t>(model->config().max_seq_len));
   } else {
-    EXPECT_EQ(many.stop, train::GenerationStop::end_of_sequence);
+    EXPECT_EQ(many.stop, models::GenerationStop::end_of_sequence);
     EXPECT_LT(many.tokens.size() + n_prompt, static_cast<size_t>(model->config().max_seq_len));
   }
-  const train::Generation full = train::generate(*model, tok, [] {
+  const models::Generation full = models::generate(*model, tok, [] {
     std::string s;
     for (int i = 0; i < 40; ++i) s += "the cat sat on the mat ";
     return s;
-  }(), 5, 0.0, 0, 0);
-  EXPECT_EQ(full.stop, train::GenerationStop::context_full);
+  }(), greedy(5));
+  EXPECT_EQ(full.stop, models::GenerationStop::context_full);
   EXPECT_TRUE(full.tokens.empty());
   EXPECT_THROW(train::run_training(tiny("bad", {"model.vocab_size=999"}), train::TrainOptions(), quiet), train::RecipeError);
 }

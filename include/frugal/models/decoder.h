@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "frugal/checkpoint/planner.h"
 #include "frugal/models/attention.h"
@@ -48,6 +49,14 @@ struct DecoderConfig {
   int64_t param_count() const;
 };
 
+// ---- KV cache interface (the model branch's real cache replaces the placeholder behind it) ----
+// What generation carries between calls of logits_with_cache.
+struct KVCache {
+  std::vector<at::Tensor> keys, values;  // per layer: (B, n_kv_heads, T_seen, head_dim) (empty before the first call)
+  int64_t length = 0;                    // positions seen
+};
+// ---- end KV cache interface ----
+
 struct LossOptions {
   TORCH_ARG(bool, chunked) = false;
   TORCH_ARG(int64_t, chunk_size) = 1024;
@@ -74,6 +83,9 @@ class DecoderImpl : public torch::nn::Module {
 
   // tokens: (B, T) -> logits (B, T, vocab)
   at::Tensor logits(const at::Tensor& tokens);
+  // tokens: (B, T) at positions cache.length .. -> logits (B, T, vocab) in fp32; appends to the cache.
+  // No autograd, no checkpointing. (PLACEHOLDER in this branch: see decoder.cpp.)
+  at::Tensor logits_with_cache(const at::Tensor& tokens, KVCache& cache);
   // Mean cross-entropy of predicting targets (B, T) (ignore_index skipped).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {});
 

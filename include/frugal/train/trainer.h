@@ -127,24 +127,5 @@ TrainResult run_training(const Recipe& recipe, const TrainOptions& options, cons
 // train` divide by the step time to report achieved GFLOP/s.
 double step_matmul_flops(const Recipe& recipe, const TrainResult& result, bool with_recompute = true);
 
-// Why generation ended: the model chose end-of-sequence, n_tokens were made, or prompt plus
-// continuation filled the model's max_seq_len (positions past it were never trained).
-enum class GenerationStop { end_of_sequence, token_limit, context_full };
-const char* generation_stop_name(GenerationStop s);  // "end-of-sequence token", ...
-
-struct Generation {
-  std::string text;            // the prompt as given, then the continuation
-  std::vector<int32_t> tokens; // the continuation's ids (end-of-sequence not included)
-  GenerationStop stop = GenerationStop::token_limit;
-};
-
-// Samples up to n_tokens after the prompt (temperature 0: greedy; top_k 0: the whole vocabulary).
-// The continuation is decoded together with the prompt's tokens, so SentencePiece puts the word
-// boundary between them where the model did.
-Generation generate(models::DecoderImpl& model, const data::Tokenizer& tokenizer, const std::string& prompt,
-                    int64_t n_tokens, double temperature, int64_t top_k, uint64_t seed);
-std::string generate_text(models::DecoderImpl& model, const data::Tokenizer& tokenizer, const std::string& prompt,
-                          int64_t n_tokens, double temperature, int64_t top_k, uint64_t seed);  // generate(...).text
-
 }  // namespace train
 }  // namespace frugal

@@ -1,0 +1,69 @@
+// Finding a checkpoint for generate and eval: a Hugging Face folder, a frugal step-N folder, or a
+// run folder whose latest checkpoint is used; and the tokenizer that came with it.
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "args.h"
+#include "commands.h"
+#include "frugal/io/files.h"
+#include "frugal/train/run_state.h"
+
+namespace frugal {
+namespace cli {
+
+std::string resolve_checkpoint_dir(const std::string& dir) {
+  if (dir.empty()) throw UsageError("--checkpoint is required");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw UsageError("--checkpoint " + dir + " is not a folder");
+  if (io::path_exists(dir + "/config.json")) return dir;
+  std::string step_dir;
+  try {
+    step_dir = train::latest_checkpoint(dir);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--checkpoint: ") + e.what());
+  }
+  if (step_dir.empty()) throw UsageError("--checkpoint " + dir + " holds no checkpoint (no config.json and no 'latest')");
+  return step_dir;
+}
+
+// The one place that decides which tokenizer file a checkpoint folder uses. MERGE: switch to
+// data::Tokenizer::load_folder(dir) (tokenizer.json or tokenizer.model + tokenizer_config.json).
+std::optional<data::Tokenizer> load_checkpoint_tokenizer(const std::string& dir) {
+  if (!io::path_exists(dir + "/tokenizer.model")) return std::nullopt;
+  return data::Tokenizer::load(dir + "/tokenizer.model");
+}
+
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  auto separator = [](char c) { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (i < text.size() && separator(text[i])) ++i;
+  const bool bracketed = i < text.size() && text[i] == '[';
+  if (bracketed) ++i;
+  while (i < text.size()) {
+    if (separator(text[i])) {
+      ++i;
+      continue;
+    }
+    if (bracketed && text[i] == ']') {
+      ++i;
+      while (i < text.size() && separator(text[i])) ++i;
+      if (i != text.size()) throw UsageError(what + ": text after the closing ']'");
+      return ids;
+    }
+    size_t end = i;
+    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+    if (end == i || end - i > 9) {
+      throw UsageError(what + ": '" + text.substr(i, std::min<size_t>(20, text.size() - i)) +
+                       "' is not a token id (ids are non-negative integers separated by commas or spaces)");
+    }
+    ids.push_back(static_cast<int32_t>(std::stol(text.substr(i, end - i))));
+    i = end;
+  }
+  if (bracketed) throw UsageError(what + ": the list has no closing ']'");
+  return ids;
+}
+
+}  // namespace cli
+}  // namespace frugal

@@ -1,0 +1,147 @@
+// frugal eval — a checkpoint's mean loss and perplexity on held-out text or tokens.
+//   frugal eval --checkpoint out/tiny --text valid.txt
+//   frugal eval --checkpoint hf-dir --tokens ids.txt --seq-len 128 --json-out eval.json --logits-out logits.safetensors
+//   frugal eval --checkpoint hf-dir --jsonl docs.jsonl --dtype bf16
+// Inputs: --text FILE (the whole file one document), --jsonl FILE (one {"text": ...} object per line,
+// each line its own document), both encoded with the checkpoint's tokenizer with BOS first when it
+// has one; or --tokens FILE: a frugal token file ("FRUGALTK" header, data/corpus.h) or a text file
+// of ids ("1 2 3", "1,2,3" or a JSON list), taken as one document as it is (no BOS added).
+// Each document is cut into non-overlapping --seq-len windows and scored as models/evaluate.h says:
+// the mean loss is over every predicted token (id t+1 from ids 0..t of its window), as transformers
+// computes it with labels = input_ids.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "args.h"
+#include "commands.h"
+#include "frugal/data/corpus.h"
+#include "frugal/io/files.h"
+#include "frugal/io/json.h"
+#include "frugal/io/json_value.h"
+#include "frugal/io/safetensors.h"
+#include "frugal/models/evaluate.h"
+#include "frugal/models/hf_checkpoint.h"
+
+namespace frugal {
+namespace cli {
+namespace {
+
+std::vector<int32_t> encode_document(const data::Tokenizer& tok, const std::string& text) {
+  std::vector<int32_t> ids = tok.encode(text);
+  if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
+  return ids;
+}
+
+// The documents of --jsonl: one JSON object with a string "text" per non-empty line.
+std::vector<std::string> read_jsonl(const std::string& path) {
+  const std::string all = io::read_file(path);
+  std::vector<std::string> docs;
+  size_t line_no = 0;
+  for (size_t at = 0; at < all.size();) {
+    size_t end = all.find('\n', at);
+    if (end == std::string::npos) end = all.size();
+    const std::string line = all.substr(at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const io::JsonValue v = io::parse_json(line);
+      const io::JsonValue* text = v.is_object() ? v.find("text") : nullptr;
+      if (!text || !text->is_string()) throw io::JsonError("not an object with a string \"text\"");
+      docs.push_back(text->as_string());
+    } catch (const io::JsonError& e) {
+      throw UsageError("--jsonl " + path + " line " + std::to_string(line_no) + ": " + e.what());
+    }
+  }
+  if (docs.empty()) throw UsageError("--jsonl " + path + " holds no documents");
+  return docs;
+}
+
+std::vector<int32_t> read_token_ids(const std::string& path) {
+  const std::string head = io::read_file(path).substr(0, 8);
+  if (head == "FRUGALTK") {
+    const data::TokenFile file(path);
+    const at::Tensor t = file.tokens();  // (N) int32
+    return std::vector<int32_t>(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
+  }
+  std::vector<int32_t> ids = parse_ids(io::read_file(path), "--tokens " + path);
+  if (ids.empty()) throw UsageError("--tokens " + path + " holds no ids");
+  return ids;
+}
+
+}  // namespace
+
+int run_eval(int argc, char** argv) {
+  std::string dir, text_path, tokens_path, jsonl_path, json_out, logits_out, dtype = "fp32";
+  int64_t batch_size = 1, seq_len = 0;
+  c10::Device device(c10::kCPU);
+  Args args("eval", "Mean loss and perplexity of a checkpoint on held-out text or tokens (non-overlapping windows).");
+  args.add_string("checkpoint", &dir, "a run folder (its latest checkpoint is used) or a checkpoint folder", "DIR");
+  args.add_string("text", &text_path, "a text file, one document, encoded with the checkpoint's tokenizer", "FILE");
+  args.add_string("jsonl", &jsonl_path, "one {\"text\": ...} object per line, each its own document", "FILE");
+  args.add_string("tokens", &tokens_path, "a frugal token file, or ids as text (1 2 3, 1,2,3 or [1,2,3])", "FILE");
+  args.add_int("seq-len", &seq_len, "window length in tokens (0: the model's max_seq_len, at most 2048)", 0);
+  args.add_int("batch-size", &batch_size, "windows per forward pass", 1);
+  args.add_string("dtype", &dtype, "fp32 or bf16 (weights and compute; loss always in fp32)", "DTYPE");
+  args.add_device("device", &device, "where the model runs");
+  args.add_output("json-out", &json_out, "also write {loss, perplexity, tokens, windows, ...} as JSON");
+  args.add_output("logits-out", &logits_out, "write the last window's input_ids (1, n) and fp32 logits (1, n, V) as safetensors");
+  if (!args.parse(argc, argv, 2)) return 0;
+  const int inputs = !text_path.empty() + !tokens_path.empty() + !jsonl_path.empty();
+  if (inputs != 1) throw UsageError("give exactly one of --text, --tokens, --jsonl");
+  if (dtype != "fp32" && dtype != "bf16") throw UsageError("--dtype must be fp32 or bf16, not '" + dtype + "'");
+  for (const std::string* p : {&text_path, &tokens_path, &jsonl_path}) {
+    if (!p->empty() && !io::is_regular_file(*p)) throw UsageError("input file " + *p + " is not a readable file");
+  }
+  const std::string step_dir = resolve_checkpoint_dir(dir);
+  models::Decoder model;
+  std::optional<data::Tokenizer> tok;
+  try {
+    model = models::load_hf_checkpoint(step_dir, at::TensorOptions().dtype(dtype == "bf16" ? at::kBFloat16 : at::kFloat).device(device));
+    if (tokens_path.empty()) tok = load_checkpoint_tokenizer(step_dir);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (tokens_path.empty() && !tok) throw UsageError("--checkpoint " + step_dir + " has no tokenizer.model: give --tokens instead");
+  const int64_t window = seq_len > 0 ? seq_len : std::min<int64_t>(model->config().max_seq_len, 2048);
+  if (window > model->config().max_seq_len) {
+    throw UsageError("--seq-len " + std::to_string(window) + " exceeds the model's max_seq_len " + std::to_string(model->config().max_seq_len));
+  }
+  std::vector<std::vector<int32_t>> documents;
+  if (!tokens_path.empty()) {
+    documents.push_back(read_token_ids(tokens_path));
+  } else if (!text_path.empty()) {
+    documents.push_back(encode_document(*tok, io::read_file(text_path)));
+  } else {
+    for (const std::string& d : read_jsonl(jsonl_path)) documents.push_back(encode_document(*tok, d));
+  }
+  std::vector<std::vector<int32_t>> windows;
+  for (const auto& d : documents) {
+    for (auto& w : models::cut_windows(d, window)) windows.push_back(std::move(w));
+  }
+  const models::EvalTotals t = models::score_windows(*model, windows, batch_size, !logits_out.empty());
+  if (t.tokens == 0) throw UsageError("the input has no token to predict (every window holds one id)");
+  std::printf("loss %.6f  perplexity %.4f  tokens %lld  windows %lld  documents %zu  seq_len %lld\n", t.mean_loss(), t.perplexity(),
+              static_cast<long long>(t.tokens), static_cast<long long>(t.windows), documents.size(), static_cast<long long>(window));
+  if (!json_out.empty()) {
+    std::ostringstream s;
+    io::JsonWriter w(s);
+    w.begin_object().key("checkpoint").value(step_dir).key("loss").value(t.mean_loss()).key("perplexity").value(t.perplexity());
+    w.key("loss_sum").value(t.loss_sum).key("tokens").value(t.tokens).key("windows").value(t.windows);
+    w.key("documents").value(static_cast<int64_t>(documents.size())).key("seq_len").value(window).key("dtype").value(dtype).end_object();
+    s << "\n";
+    write_output(json_out, s.str());
+  }
+  if (!logits_out.empty()) {
+    if (!t.last_logits.defined()) throw UsageError("--logits-out: the last window holds one id, so it has nothing scored");
+    const auto& last = windows.back();
+    const at::Tensor ids = at::tensor(std::vector<int64_t>(last.begin(), last.end()), at::kLong).unsqueeze(0);  // (1, n)
+    io::write_safetensors(logits_out, {{"input_ids", ids}, {"logits", t.last_logits}});
+  }
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace frugal
