@@ -5,6 +5,14 @@
 # which runs the same path at the 7B width with two layers.
 #
 #   bash scripts/bench_7b.sh              # after scripts/build.sh; writes out/bench-7b/*.json
+#   bash scripts/bench_7b.sh --from-hf    # the same fine-tune started from a Hugging Face folder
+#
+# --from-hf: `transformers` (the pinned one in .venv-torch2) first writes a Llama-2-7B-shaped
+# checkpoint with random weights, bf16, sharded in 2 GB files (out/hf-llama2-7b, kept for the next
+# run), as a user's downloaded folder would be; the recipe then fine-tunes it with
+# model.init_from (the file defines the model; its sizes equal the recipe's) for 2 steps and
+# stops, and the figures include the peak resident memory while loading it (a random folder has
+# no tokenizer of its own, so data.train_tokenizer=true trains one on the corpus).
 #
 # 1. --dry-run: the estimate, without allocating the model.
 # 2. steps 0-1, then stop with a checkpoint (--stop-after 2).
@@ -14,18 +22,49 @@
 # does not see, the step time and its parts, and the step's FLOP/s against this machine's bf16 matmul.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+from_hf=0
+[ "${1:-}" = --from-hf ] && from_hf=1
 [ -x build/frugal ] || bash scripts/build.sh
 out=out/bench-7b
-rm -rf "$out" && mkdir -p "$out"
 recipe=(llama2-7b-cpu train.out_dir="$out/run" --progress lines)
+if ((from_hf)); then
+  out=out/bench-7b-from-hf
+  hf=out/hf-llama2-7b
+  if [ ! -f "$hf/model.safetensors.index.json" ]; then
+    bash scripts/setup_torch2.sh >/dev/null && python=.venv-torch2/bin/python
+    rm -rf "$hf" && mkdir -p "$hf"
+    "$python" - "$hf" <<'PY'
+import sys, time, torch, transformers
+t0 = time.time()
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)
+cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                               num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                               rms_norm_eps=1e-5, tie_word_embeddings=False, dtype=torch.bfloat16)
+with torch.no_grad():
+    model = transformers.LlamaForCausalLM(cfg)
+model.save_pretrained(sys.argv[1], max_shard_size="2GB")
+print(f"bench_7b: transformers {transformers.__version__} wrote a {sum(p.numel() for p in model.parameters()):,}-parameter"
+      f" Llama-2-7B-shaped folder to {sys.argv[1]} in {time.time() - t0:.0f} s")
+PY
+  fi
+  recipe=(llama2-7b-cpu train.out_dir="$out/run" model.init_from="$hf" data.train_tokenizer=true train.steps=2 --progress lines)
+fi
+rm -rf "$out" && mkdir -p "$out"
 ./build/frugal train "${recipe[@]}" --dry-run --json-out "$out/dry-run.json" > "$out/dry-run.log"
-./build/frugal train "${recipe[@]}" --stop-after 2 --json-out "$out/first.json" 2>&1 | tee "$out/first.log"
-./build/frugal train "${recipe[@]}" --resume --json-out "$out/resumed.json" 2>&1 | tee "$out/resumed.log"
-python3 - "$out" <<'PY'
+names=(first)
+if ((from_hf)); then
+  ./build/frugal train "${recipe[@]}" --json-out "$out/first.json" 2>&1 | tee "$out/first.log"
+else
+  ./build/frugal train "${recipe[@]}" --stop-after 2 --json-out "$out/first.json" 2>&1 | tee "$out/first.log"
+  ./build/frugal train "${recipe[@]}" --resume --json-out "$out/resumed.json" 2>&1 | tee "$out/resumed.log"
+  names+=(resumed)
+fi
+python3 - "$out" "${names[@]}" <<'PY'
 import json, sys
 out = sys.argv[1]
 dry = json.load(open(f"{out}/dry-run.json"))
-runs = [json.load(open(f"{out}/{n}.json")) for n in ("first", "resumed")]
+runs = [json.load(open(f"{out}/{n}.json")) for n in sys.argv[2:]]
 gib = lambda b: b / 2**30
 est = dry["peak_bytes"]  # the dry run's estimate, as `frugal train --dry-run --json-out` writes it
 summary = {"n_params": runs[0]["n_params"], "estimate_peak_bytes": est, "runs": []}
