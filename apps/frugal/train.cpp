@@ -326,7 +326,7 @@ int run_train(int argc, char** argv) {
     }
     const models::DecoderConfig& m = recipe.model;
     std::cout << "\n  head_dim=" << m.head_dim() << " activation=" << m.resolved_activation() << " rope=" << m.rope_scaling.type
-              << (m.rope_scaling.type != "default" ? " x" + std::to_string(m.rope_scaling.factor) : std::string())
+              << (m.rope_scaling.type != "default" ? " x" + train::recipe_number(m.rope_scaling.factor) : std::string())
               << " attention_bias=" << (m.attention_bias ? "true" : "false") << " mlp_bias=" << (m.mlp_bias ? "true" : "false")
               << (recipe.init_from.empty() ? "" : " (from " + recipe.init_from + "/config.json)") << "\n";
     print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);

@@ -627,6 +627,8 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   return parse_recipe(text.str(), path, overrides);
 }
 
+std::string recipe_number(double value) { return fmt(value); }
+
 std::string recipe_value(const Recipe& r, const std::string& key) {
   const Field* f = find_field(key);
   if (f == nullptr) throw RecipeError("unknown recipe key '" + key + "'");

@@ -124,6 +124,8 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
 std::string recipe_to_yaml(const Recipe& recipe);
 // One key's value as recipe_to_yaml writes it ("model.dim" -> "256"); RecipeError for an unknown key.
 std::string recipe_value(const Recipe& recipe, const std::string& key);
+// A number as recipes write it (10 significant digits, no trailing zeros: 4, 1e-05).
+std::string recipe_number(double value);
 // Every key, as "section.key".
 std::vector<std::string> recipe_keys();
 // Every key with what it takes, its default (the value when a recipe leaves it out) and one line of meaning.
