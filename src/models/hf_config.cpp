@@ -237,9 +237,11 @@ DecoderConfig read_hf_config(const std::string& path) {
     c.tie_embeddings = f.boolean("tie_word_embeddings", true);
     if (!f.boolean("scale_attn_weights", true)) f.bad("scale_attn_weights", "false is not supported (attention is scaled by 1/sqrt(head size))");
     if (f.boolean("scale_attn_by_inverse_layer_idx", false)) f.bad("scale_attn_by_inverse_layer_idx", "true is not supported");
-    // GPT-2's transformers defaults are 0.1: a file that names no dropout has it.
+    // GPT-2's transformers defaults are 0.1: a file that names no dropout has it (and says so when written back).
     for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
-      if (!f.find(key) && 0.1 > c.dropout) c.dropout = 0.1, c.dropout_field = std::string(key) + " (transformers' default)";
+      if (j.find(key)) continue;
+      c.hf_passthrough.emplace_back(key, "0.1");
+      if (0.1 > c.dropout) c.dropout = 0.1, c.dropout_field = std::string(key) + " (transformers' default)";
     }
   } else {
     c.arch = "llama";

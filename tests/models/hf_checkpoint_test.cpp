@@ -277,6 +277,7 @@ TEST(HfCheckpoint, TransformersFiveConfigsDefineTheModel) {
   EXPECT_EQ(old.resolved_activation(), "gelu_tanh");
   EXPECT_TRUE(old.tie_embeddings);
   EXPECT_EQ(old.dropout, 0.1);
+  EXPECT_EQ(models::read_hf_config(write_config("gpt2_old_again", models::hf_config_json(old))).dropout, 0.1);  // written back as 0.1
   // transformers 4's layout: rope_theta at the top, rope_scaling with "type".
   const auto v4 = models::read_hf_config(write_config("llama_v4", R"({"model_type": "llama", "vocab_size": 64,
       "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
