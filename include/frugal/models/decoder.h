@@ -124,9 +124,11 @@ class DecoderImpl : public torch::nn::Module {
 
   // tokens: (B, T) -> logits (B, T, vocab)
   at::Tensor logits(const at::Tensor& tokens);
-  // Keys and values of the positions already seen, per layer, for incremental decoding.
   // tokens: (B, T) at positions cache.length .. cache.length+T-1 -> logits (B, T, vocab) in fp32;
   // appends those positions' keys and values to the cache. Runs without autograd and without checkpointing.
+  //   models::KVCache cache;
+  //   at::Tensor first = model->logits_with_cache(prompt, cache);        // (B, T, V), cache.length = T
+  //   at::Tensor next = model->logits_with_cache(last_token, cache);     // (B, 1, V) at position T
   at::Tensor logits_with_cache(const at::Tensor& tokens, KVCache& cache);
   // Mean cross-entropy of predicting targets (B, T) (ignore_index skipped).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {});
