@@ -317,6 +317,18 @@ int run_train(int argc, char** argv) {
               << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens";
     if (world > 1) std::cout << " over " << world << " ranks (per rank: rank " << dp.rank << ", " << recipe.batch_size / world << " rows)";
     std::cout << "\n";
+    // The architecture and where each value came from (init_from's config.json, the recipe, a default).
+    std::cout << "model:";
+    for (const auto& [key, source] : recipe.model_sources) {
+      std::string value = train::recipe_value(recipe, key);
+      if (key == "model.vocab_size" && value == "0") value = std::to_string(vocab) + " (the tokenizer's)";
+      std::cout << " " << key.substr(6) << "=" << value << " (" << source << ")";
+    }
+    const models::DecoderConfig& m = recipe.model;
+    std::cout << "\n  head_dim=" << m.head_dim() << " activation=" << m.resolved_activation() << " rope=" << m.rope_scaling.type
+              << (m.rope_scaling.type != "default" ? " x" + train::recipe_number(m.rope_scaling.factor) : std::string())
+              << " attention_bias=" << (m.attention_bias ? "true" : "false") << " mlp_bias=" << (m.mlp_bias ? "true" : "false")
+              << (recipe.init_from.empty() ? "" : " (from " + recipe.init_from + "/config.json)") << "\n";
     print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
     print_state_placement(std::cout, recipe, est);
     print_estimate_table(std::cout, "estimated peak with every technique off:", plain, nullptr);

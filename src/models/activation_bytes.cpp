@@ -6,6 +6,7 @@
 #include <string>
 
 #include "frugal/loss/chunked_cross_entropy.h"
+#include "frugal/models/hf_checkpoint.h"
 
 namespace frugal {
 namespace models {
@@ -44,7 +45,7 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   const Size ce = static_cast<int64_t>(c10::elementSize(compute));
   const bool autocast = compute != dtype;
   const Size B = batch, T = seq, BT = B * T, d = c.dim, f = c.ffn_dim, H = c.n_heads, V = c.vocab_size;
-  const Size kv = Size(c.n_kv_heads) * c.head_dim();
+  const Size kv = Size(c.n_kv_heads) * c.head_dim(), qd = Size(c.n_heads) * c.head_dim();  // qd = d unless head_dim is explicit
   const bool llama = c.arch == "llama";
   DecoderActivationBytes a;
   // Kept for backward by one block run plainly (the tensors decoder.cpp's blocks save):
@@ -66,16 +67,20 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // weight's low-precision copy (the block's matrices and biases, in ce).
   const Size attention_kept = c.attention == AttentionKernel::sdpa ? B * H * T * 4 : B * H * T * T * ce;
   const Size rotary_tables = 2 * T * Size(c.head_dim()) * 4;
-  const Size residual = 2 * d * e, inner = 6 * d * ce;
-  const Size matrices = llama ? 2 * d * d + 2 * d * kv + 3 * d * f : 4 * d * d + 2 * d * f + 5 * d + f;
+  // inner: the two norm outputs (d wide), q, k, v and the merged heads (qd wide: k and v repeated to H heads)
+  const Size residual = 2 * d * e, inner = (2 * d + 4 * qd) * ce;
+  const Size llama_biases = (c.attention_bias ? qd + 2 * kv + d : Size(0)) + (c.mlp_bias ? 2 * f + d : Size(0));
+  const Size matrices = llama ? 2 * d * qd + 2 * d * kv + 3 * d * f + llama_biases : 4 * d * d + 2 * d * f + 5 * d + f;
   const Size weight_copies = autocast ? matrices * ce : Size(0);
-  const Size mlp_kept = compute == at::kFloat ? Size(4) : Size(3);  // silu(gate) too in fp32 (autograd's ops)
+  // act(gate) too in fp32 or for a GELU Llama (autograd's ops); SwiGLU's Function keeps gate and up only
+  const bool swiglu_fn = compute != at::kFloat && c.resolved_activation() == "silu";
+  const Size mlp_kept = swiglu_fn ? Size(3) : Size(4);
   a.block_plain = (llama ? BT * (residual + inner + mlp_kept * f * ce + 8) + rotary_tables + attention_kept + weight_copies
                          : BT * (residual + inner + 2 * f * ce + 4 * e) + attention_kept + weight_copies).v;
   a.block_input = (BT * d * e).v;
   // Selective keeps the input and the matrix products' outputs but the closing tail_linear's, which
   // its recompute does not multiply (selective.h): q, k, v, o, gate, up (llama); qkv, proj, fc (gpt2).
-  a.block_selective = (a.block_input + (llama ? BT * (3 * d + 2 * kv + 2 * f) * ce : BT * (5 * d + f) * ce)).v;
+  a.block_selective = (a.block_input + (llama ? BT * (2 * d + qd + 2 * kv + 2 * f) * ce : BT * (5 * d + f) * ce)).v;
   // A checkpointed block's backward holds gradients of its intermediates worth a little under half a block's
   // activations at its peak (measured with the tracker in backward mode: 0.43 on the tiny recipe;
   // on the default one, where the last block of an activation plan stays whole, its recomputed
@@ -90,7 +95,7 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // fp32 scratch (two fp32 copies and a low-precision product), beside the residual stream's
   // fp32 gradient: on small models (the tiny recipe) this, not the fraction above, is the peak.
   Size swiglu_backward = 0;
-  if (llama && compute != at::kFloat) {
+  if (llama && swiglu_fn) {
     const Size slice_rows = std::max<int64_t>(1, kSwiGLUSliceElements / std::max<int64_t>(1, f.v));
     swiglu_backward = 3 * BT * f * ce + Size(std::min(BT.v, slice_rows.v)) * f * (4 + 4 + ce.v) + BT * d * e;
   }
@@ -103,8 +108,8 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // tiny recipe (every_2's plain block), 0.318 on the default recipe's whole last block, on
   // LibTorch 1.13 and 2.15 alike.
   a.plain_block_backward_working_set = std::max({Size(a.block_plain) * 34 / 100, attention_backward, swiglu_backward}).v;
-  a.block_largest_matrix = (std::max({d * f, d * d, d * kv}) * e).v;
-  a.block_params = ((llama ? 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f : 12 * d * d + 13 * d) * e).v;
+  a.block_largest_matrix = (std::max({d * f, d * qd, d * kv}) * e).v;
+  a.block_params = ((llama ? 2 * d + 2 * d * qd + 2 * d * kv + 3 * d * f + llama_biases : 12 * d * d + 13 * d) * e).v;
   // The head: the final norm keeps its input (and llama's 1/rms), the loss the normed states.
   // Under autocast the normed states are in the compute dtype.
   a.head_kept = (BT * (d * e + d * ce + (llama ? 4 : 8))).v;
@@ -130,31 +135,24 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
 DecoderFlops decoder_flops(const DecoderConfig& c, int64_t batch, int64_t seq) {
   const double BT = static_cast<double>(batch * seq), d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim()), T = static_cast<double>(seq);
+  const double qd = static_cast<double>(c.n_heads * c.head_dim());
   // 2 flops per multiply-add: projections, the MLP, then scores and the weighted sum over T keys.
-  const double weights = c.arch == "gpt2" ? 4 * d * d + 2 * d * f : 2 * d * d + 2 * d * kv + 3 * d * f;
+  const double weights = c.arch == "gpt2" ? 4 * d * d + 2 * d * f : 2 * d * qd + 2 * d * kv + 3 * d * f;
   DecoderFlops out;
-  out.block_forward = 2 * BT * weights + 4 * BT * T * d;
+  out.block_forward = 2 * BT * weights + 4 * BT * T * qd;
   out.forward = static_cast<double>(c.n_layers) * out.block_forward + 2 * BT * d * static_cast<double>(c.vocab_size);
   return out;
 }
 
 std::vector<int64_t> parameter_numels(const DecoderConfig& c) {
-  // Elements, checked as sizes: optimizer state and gradients multiply them by a few bytes.
-  const Size d = c.dim, f = c.ffn_dim, kv = Size(c.n_kv_heads) * c.head_dim(), V = c.vocab_size;
+  // Elements, checked as sizes: optimizer state and gradients multiply them by a few bytes. The
+  // shapes are hf_parameter_shapes's, in the model's named_parameters order.
   std::vector<int64_t> out;
-  if (c.arch == "gpt2") {
-    out = {(V * d).v, (Size(c.max_seq_len) * d).v};
-    const std::vector<int64_t> block = {d.v, d.v, (3 * d * d).v, (3 * d).v, (d * d).v, d.v, d.v, d.v, (d * f).v, f.v, (f * d).v, d.v};
-    for (int64_t l = 0; l < c.n_layers; ++l) out.insert(out.end(), block.begin(), block.end());
-    out.push_back(d.v);
-    out.push_back(d.v);
-    return out;
+  for (const auto& [name, shape] : hf_parameter_shapes(c)) {
+    Size n = 1;
+    for (const int64_t s : shape) n = n * s;
+    out.push_back(n.v);
   }
-  out.push_back((V * d).v);
-  const std::vector<int64_t> block = {(d * d).v, (d * kv).v, (d * kv).v, (d * d).v, (d * f).v, (d * f).v, (f * d).v, d.v, d.v};
-  for (int64_t l = 0; l < c.n_layers; ++l) out.insert(out.end(), block.begin(), block.end());
-  out.push_back(d.v);
-  if (!c.tie_embeddings) out.push_back((V * d).v);
   return out;
 }
 

@@ -30,28 +30,49 @@ std::string DecoderConfig::validate() const {
     if (!m.empty()) return m;
   }
   if (arch != "llama" && arch != "gpt2") return "arch must be llama or gpt2, got '" + arch + "'";
-  if (dim % n_heads != 0) return "dim " + std::to_string(dim) + " must be divisible by n_heads " + std::to_string(n_heads);
+  if (explicit_head_dim < 0) return "head_dim must be positive, got " + std::to_string(explicit_head_dim);
+  if (explicit_head_dim == 0 && dim % n_heads != 0) {
+    return "dim " + std::to_string(dim) + " must be divisible by n_heads " + std::to_string(n_heads);
+  }
   if (n_heads % n_kv_heads != 0) {
     return "n_heads " + std::to_string(n_heads) + " must be divisible by n_kv_heads " + std::to_string(n_kv_heads);
   }
-  if (arch == "llama" && head_dim() % 2 != 0) return "the head size dim/n_heads must be even for rotary embeddings";
-  if (arch == "gpt2" && n_kv_heads != n_heads) return "gpt2 has no grouped-query attention: n_kv_heads must equal n_heads";
+  if (arch == "llama" && head_dim() % 2 != 0) {
+    return "the head size (head_dim " + std::to_string(head_dim()) + ") must be even for rotary embeddings";
+  }
+  if (arch == "gpt2") {
+    if (n_kv_heads != n_heads) return "gpt2 has no grouped-query attention: n_kv_heads must equal n_heads";
+    if (explicit_head_dim != 0 && explicit_head_dim * n_heads != dim) return "gpt2 has no head_dim of its own: it is dim / n_heads";
+    if (attention_bias || mlp_bias) return "gpt2 always has biases: attention_bias and mlp_bias are llama's";
+    if (rope_scaling.type != "default") return "gpt2 has no rotary embeddings: rope_scaling must be default";
+  }
+  const std::string act = resolved_activation();
+  if (act != "silu" && act != "gelu" && act != "gelu_tanh") {
+    return "activation must be silu, gelu or gelu_tanh, got '" + activation + "'";
+  }
   if (!(norm_eps > 0)) return "norm_eps must be > 0";
   if (!(rope_theta > 0)) return "rope_theta must be > 0";
+  if (!(dropout >= 0 && dropout < 1)) return "dropout must be in [0, 1)";
+  const RopeScaling& r = rope_scaling;
+  if (r.type != "default" && r.type != "linear" && r.type != "llama3" && r.type != "dynamic") {
+    return "rope_type '" + r.type + "' is not supported (allowed: default, linear, llama3, dynamic)";
+  }
+  if (r.type != "default" && !(r.factor >= 1)) return "rope factor must be >= 1, got " + std::to_string(r.factor);
+  if (r.type == "llama3") {
+    if (r.original_max_position_embeddings < 1) return "rope_type llama3 needs original_max_position_embeddings";
+    if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor)) {
+      return "rope_type llama3 needs 0 < low_freq_factor < high_freq_factor";
+    }
+  }
   const std::string no_kernel = attention_kernel_unavailable(attention);
   if (!no_kernel.empty()) return std::string("attention ") + attention_kernel_name(attention) + " " + no_kernel;
   return "";
 }
 
 int64_t DecoderConfig::param_count() const {
-  const int64_t hd = head_dim(), kv = n_kv_heads * hd;
-  if (arch == "gpt2") {
-    const int64_t block = 4 * dim + (3 * dim * dim + 3 * dim) + (dim * dim + dim) + (dim * ffn_dim + ffn_dim) +
-                          (ffn_dim * dim + dim);
-    return vocab_size * dim + max_seq_len * dim + n_layers * block + 2 * dim;
-  }
-  const int64_t block = 2 * dim + dim * dim + 2 * dim * kv + dim * dim + 3 * dim * ffn_dim;
-  return vocab_size * dim * (tie_embeddings ? 1 : 2) + n_layers * block + dim;
+  int64_t total = 0;
+  for (const int64_t n : parameter_numels(*this)) total += n;
+  return total;
 }
 
 // ---- RMSNorm: a Function that keeps only its input and 1/rms for backward ----
@@ -92,12 +113,13 @@ at::Tensor rotate_half(const at::Tensor& x) {  // x: (..., hd) -> (-x2, x1)
   return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
 }
 
-// cos, sin: (T, hd) for positions 0..T-1
-std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t T, int64_t hd, double theta, const at::TensorOptions& opts) {
+// cos, sin: (T, hd) for positions offset..offset+T-1
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t offset, int64_t T, int64_t hd, const DecoderConfig& c,
+                                                const at::TensorOptions& opts) {
   const auto f32 = opts.dtype(at::kFloat);
-  const at::Tensor inv_freq = at::pow(theta, at::arange(0, hd, 2, f32) / static_cast<double>(hd)).reciprocal();
-  const at::Tensor freqs = at::outer(at::arange(T, f32), inv_freq);  // (T, hd/2)
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);                // (T, hd)
+  const at::Tensor inv_freq = rotary_inv_freq(hd, c.rope_theta, c.rope_scaling, c.max_seq_len, offset + T, f32);
+  const at::Tensor freqs = at::outer(at::arange(offset, offset + T, f32), inv_freq);  // (T, hd/2)
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);                                 // (T, hd)
   return {emb.cos(), emb.sin()};
 }
 
@@ -178,29 +200,46 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t rep) {
 
 at::Tensor lin(const torch::nn::Linear& l, const at::Tensor& x) { return checkpoint::linear(x, l->weight, l->bias); }
 
+// x -> act(x) for the resolved activation names (DecoderConfig::resolved_activation)
+at::Tensor activate(const at::Tensor& x, const std::string& act) {
+  if (act == "silu") return at::silu(x);
+  if (act == "gelu") return at::gelu(x);  // erf
+  return at::gelu(x, "tanh");              // gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+}
+
+// Appends new (B, KV, T, hd) to a cached (B, KV, S, hd) (undefined before the first call) and returns it.
+at::Tensor append(at::Tensor& cached, const at::Tensor& fresh) {
+  cached = cached.defined() ? at::cat({cached, fresh}, 2) : fresh.contiguous();
+  return cached;
+}
+
 // ---- Llama ----
 
 struct LlamaAttentionImpl : torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  DecoderConfig c;
   int64_t H, KV, hd;
-  double theta;
-  AttentionKernel kernel;
-  explicit LlamaAttentionImpl(const DecoderConfig& c)
-      : H(c.n_heads), KV(c.n_kv_heads), hd(c.head_dim()), theta(c.rope_theta), kernel(c.attention) {
-    auto opt = [](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(false); };
+  explicit LlamaAttentionImpl(const DecoderConfig& config)
+      : c(config), H(config.n_heads), KV(config.n_kv_heads), hd(config.head_dim()) {
+    auto opt = [&](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(c.attention_bias); };
     q_proj = register_module("q_proj", torch::nn::Linear(opt(c.dim, H * hd)));
     k_proj = register_module("k_proj", torch::nn::Linear(opt(c.dim, KV * hd)));
     v_proj = register_module("v_proj", torch::nn::Linear(opt(c.dim, KV * hd)));
     o_proj = register_module("o_proj", torch::nn::Linear(opt(H * hd, c.dim)));
   }
-  // x: (B, T, d) -> (B, T, d)
-  at::Tensor forward(const at::Tensor& x) {
+  // x: (B, T, d) at positions offset.. -> (B, T, d); with keys/values given, the new positions'
+  // are appended to them (B, KV, S, hd) and attention runs over all of them.
+  at::Tensor forward(const at::Tensor& x, int64_t offset = 0, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
     const int64_t B = x.size(0), T = x.size(1);
-    const auto [cos, sin] = rotary_tables(T, hd, theta, x.options());
-    const at::Tensor q = RotaryFn::apply(lin(q_proj, x).view({B, T, H, hd}), cos, sin)[0];   // (B, H, T, hd)
-    const at::Tensor k = RotaryFn::apply(lin(k_proj, x).view({B, T, KV, hd}), cos, sin)[0];  // (B, KV, T, hd)
-    const at::Tensor v = lin(v_proj, x).view({B, T, KV, hd}).transpose(1, 2);                // (B, KV, T, hd)
-    const at::Tensor att = causal_attention(q, repeat_kv(k, H / KV), repeat_kv(v, H / KV), kernel);  // (B, H, T, hd)
+    const auto [cos, sin] = rotary_tables(offset, T, hd, c, x.options());
+    const at::Tensor q = RotaryFn::apply(lin(q_proj, x).view({B, T, H, hd}), cos, sin)[0];  // (B, H, T, hd)
+    at::Tensor k = RotaryFn::apply(lin(k_proj, x).view({B, T, KV, hd}), cos, sin)[0];       // (B, KV, T, hd)
+    at::Tensor v = lin(v_proj, x).view({B, T, KV, hd}).transpose(1, 2);                     // (B, KV, T, hd)
+    if (keys) {
+      k = append(*keys, k);  // (B, KV, S, hd)
+      v = append(*values, v);
+    }
+    const at::Tensor att = causal_attention(q, repeat_kv(k, H / KV), repeat_kv(v, H / KV), c.attention);  // (B, H, T, hd)
     return lin(o_proj, att.transpose(1, 2).reshape({B, T, H * hd}));
   }
 };
@@ -208,18 +247,21 @@ TORCH_MODULE(LlamaAttention);
 
 struct LlamaMLPImpl : torch::nn::Module {
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
-  explicit LlamaMLPImpl(const DecoderConfig& c) {
-    auto opt = [](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(false); };
+  std::string act;
+  explicit LlamaMLPImpl(const DecoderConfig& c) : act(c.resolved_activation()) {
+    auto opt = [&](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(c.mlp_bias); };
     gate_proj = register_module("gate_proj", torch::nn::Linear(opt(c.dim, c.ffn_dim)));
     up_proj = register_module("up_proj", torch::nn::Linear(opt(c.dim, c.ffn_dim)));
     down_proj = register_module("down_proj", torch::nn::Linear(opt(c.ffn_dim, c.dim)));
   }
-  // x: (B, T, d) -> (B, T, d), SwiGLU
+  // x: (B, T, d) -> (B, T, d): down(act(gate(x)) * up(x)), SwiGLU for silu
   at::Tensor forward(const at::Tensor& x) {
     const at::Tensor gate = lin(gate_proj, x), up = lin(up_proj, x);
     // down_proj closes the block's residual branch: a checkpointed region that ends with this
     // block does not multiply it again in its recompute (checkpoint::tail_linear).
-    const at::Tensor z = gate.scalar_type() == at::kFloat ? at::silu(gate) * up : SwiGLUFn::apply(gate, up)[0];
+    const at::Tensor z = act != "silu" ? activate(gate, act) * up
+                         : gate.scalar_type() == at::kFloat ? at::silu(gate) * up
+                                                            : SwiGLUFn::apply(gate, up)[0];
     return checkpoint::tail_linear(z, down_proj->weight, down_proj->bias);
   }
 };
@@ -235,8 +277,9 @@ struct LlamaDecoderLayerImpl : torch::nn::Module {
     input_layernorm = register_module("input_layernorm", RMSNorm(c.dim, c.norm_eps));
     post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.dim, c.norm_eps));
   }
-  at::Tensor forward(const at::Tensor& x) {  // (B, T, d)
-    const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
+  // x: (B, T, d) -> (B, T, d); the cache arguments as LlamaAttention's
+  at::Tensor forward(const at::Tensor& x, int64_t offset = 0, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
+    const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), offset, keys, values);
     return h + mlp->forward(post_attention_layernorm->forward(h));
   }
 };
@@ -262,6 +305,25 @@ struct LlamaModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(LlamaModel);
 
+// Hugging Face's initialisation (initializer_range 0.02) of every matrix; biases stay at zero.
+void init_weights(torch::nn::Module& m) {
+  at::NoGradGuard no_grad;
+  for (auto& p : m.named_parameters()) {
+    if (p.value().dim() >= 2) {
+      p.value().normal_(0.0, 0.02);
+    } else if (p.key().size() > 5 && p.key().compare(p.key().size() - 5, 5, ".bias") == 0) {
+      p.value().zero_();
+    }
+  }
+}
+
+// Sizes the cache for n layers on first use; checks it has them.
+void ready_cache(KVCache& cache, size_t n) {
+  if (cache.keys.empty()) cache.keys.resize(n), cache.values.resize(n);
+  TORCH_CHECK(cache.keys.size() == n && cache.values.size() == n, "KVCache holds ", cache.keys.size(),
+              " layers, the model has ", n);
+}
+
 class LlamaForCausalLM : public DecoderImpl {
  public:
   LlamaForCausalLM(const DecoderConfig& c, c10::Device device) : DecoderImpl(c) {
@@ -270,20 +332,24 @@ class LlamaForCausalLM : public DecoderImpl {
       lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
       lm_head->to(device);
     }
-    init_weights();
+    init_weights(*this);
   }
   at::Tensor embed(const at::Tensor& tokens) override { return model->embed_tokens->forward(tokens); }
   at::Tensor hidden_states(const at::Tensor& tokens) override { return model->norm->forward(run_blocks(embed(tokens))); }
   at::Tensor head_weight() override { return config_.tie_embeddings ? model->embed_tokens->weight : lm_head->weight; }
   std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(model->blocks); }
 
- private:
-  void init_weights() {
-    at::NoGradGuard no_grad;
-    for (auto& p : named_parameters()) {
-      if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);  // Hugging Face's initializer_range
+ protected:
+  at::Tensor hidden_states_with_cache(const at::Tensor& tokens, KVCache& cache) override {
+    ready_cache(cache, model->blocks.size());
+    at::Tensor x = embed(tokens);  // (B, T, d)
+    for (size_t i = 0; i < model->blocks.size(); ++i) {
+      x = model->blocks[i]->forward(x, cache.length, &cache.keys[i], &cache.values[i]);
     }
+    return model->norm->forward(x);
   }
+
+ private:
   LlamaModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};
 };
@@ -298,10 +364,16 @@ struct GPT2AttentionImpl : torch::nn::Module {
     c_attn = register_module("c_attn", torch::nn::Linear(c.dim, 3 * c.dim));
     c_proj = register_module("c_proj", torch::nn::Linear(c.dim, c.dim));
   }
-  at::Tensor forward(const at::Tensor& x) {  // (B, T, d)
+  // x: (B, T, d) -> (B, T, d); with keys/values given, the new positions' are appended to them
+  at::Tensor forward(const at::Tensor& x, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2);
     const at::Tensor parts = lin(c_attn, x).view({B, T, 3, H, d / H}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, hd)
-    const at::Tensor att = causal_attention(parts[0], parts[1], parts[2], kernel);  // (B, H, T, hd)
+    at::Tensor k = parts[1], v = parts[2];
+    if (keys) {
+      k = append(*keys, k);  // (B, H, S, hd)
+      v = append(*values, v);
+    }
+    const at::Tensor att = causal_attention(parts[0], k, v, kernel);  // (B, H, T, hd)
     return lin(c_proj, att.transpose(1, 2).reshape({B, T, d}));
   }
 };
@@ -309,12 +381,13 @@ TORCH_MODULE(GPT2Attention);
 
 struct GPT2MLPImpl : torch::nn::Module {
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
-  explicit GPT2MLPImpl(const DecoderConfig& c) {
+  std::string act;
+  explicit GPT2MLPImpl(const DecoderConfig& c) : act(c.resolved_activation()) {
     c_fc = register_module("c_fc", torch::nn::Linear(c.dim, c.ffn_dim));
     c_proj = register_module("c_proj", torch::nn::Linear(c.ffn_dim, c.dim));
   }
   at::Tensor forward(const at::Tensor& x) {  // c_proj closes the residual branch (checkpoint::tail_linear)
-    return checkpoint::tail_linear(at::gelu(lin(c_fc, x)), c_proj->weight, c_proj->bias);
+    return checkpoint::tail_linear(activate(lin(c_fc, x), act), c_proj->weight, c_proj->bias);
   }
 };
 TORCH_MODULE(GPT2MLP);
@@ -329,8 +402,8 @@ struct GPT2BlockImpl : torch::nn::Module {
     ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
     mlp = register_module("mlp", GPT2MLP(c));
   }
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor h = x + attn->forward(ln_1->forward(x));
+  at::Tensor forward(const at::Tensor& x, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {  // (B, T, d)
+    const at::Tensor h = x + attn->forward(ln_1->forward(x), keys, values);
     return h + mlp->forward(ln_2->forward(h));
   }
 };
@@ -362,23 +435,36 @@ class GPT2LMHead : public DecoderImpl {
  public:
   GPT2LMHead(const DecoderConfig& c, c10::Device device) : DecoderImpl(c) {
     transformer = register_module("transformer", GPT2Model(c, device));
-    at::NoGradGuard no_grad;
-    for (auto& p : named_parameters()) {
-      if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);
+    if (!c.tie_embeddings) {
+      lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
+      lm_head->to(device);
     }
+    init_weights(*this);
   }
-  at::Tensor embed(const at::Tensor& tokens) override {
-    const int64_t T = tokens.size(1);
-    TORCH_CHECK(T <= config_.max_seq_len, "gpt2: sequence of ", T, " tokens exceeds max_seq_len ", config_.max_seq_len);
-    const at::Tensor pos = at::arange(T, tokens.options());
-    return transformer->wte->forward(tokens) + transformer->wpe->forward(pos);
-  }
+  at::Tensor embed(const at::Tensor& tokens) override { return embed_at(tokens, 0); }
   at::Tensor hidden_states(const at::Tensor& tokens) override { return transformer->ln_f->forward(run_blocks(embed(tokens))); }
-  at::Tensor head_weight() override { return transformer->wte->weight; }
+  at::Tensor head_weight() override { return config_.tie_embeddings ? transformer->wte->weight : lm_head->weight; }
   std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(transformer->blocks); }
 
+ protected:
+  at::Tensor hidden_states_with_cache(const at::Tensor& tokens, KVCache& cache) override {
+    ready_cache(cache, transformer->blocks.size());
+    at::Tensor x = embed_at(tokens, cache.length);  // (B, T, d)
+    for (size_t i = 0; i < transformer->blocks.size(); ++i) x = transformer->blocks[i]->forward(x, &cache.keys[i], &cache.values[i]);
+    return transformer->ln_f->forward(x);
+  }
+
  private:
+  // tokens: (B, T) at positions offset.. -> (B, T, d)
+  at::Tensor embed_at(const at::Tensor& tokens, int64_t offset) {
+    const int64_t T = tokens.size(1);
+    TORCH_CHECK(offset + T <= config_.max_seq_len, "gpt2: position ", offset + T - 1, " is past max_seq_len ",
+                config_.max_seq_len, " (n_positions)");
+    const at::Tensor pos = at::arange(offset, offset + T, tokens.options());
+    return transformer->wte->forward(tokens) + transformer->wpe->forward(pos);
+  }
   GPT2Model transformer{nullptr};
+  torch::nn::Linear lm_head{nullptr};
 };
 
 }  // namespace
@@ -387,8 +473,36 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) { weight = registe
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return RMSNormFn::apply(x, weight, eps_)[0]; }
 
+at::Tensor rotary_inv_freq(int64_t hd, double theta, const RopeScaling& r, int64_t max_seq_len, int64_t end,
+                           const at::TensorOptions& options) {
+  const auto f32 = options.dtype(at::kFloat);
+  const at::Tensor inv_freq = at::pow(theta, at::arange(0, hd, 2, f32) / static_cast<double>(hd)).reciprocal();  // (hd/2)
+  if (r.type == "default") return inv_freq;
+  if (r.type == "linear") return inv_freq / r.factor;
+  if (r.type == "dynamic") {
+    const int64_t limit = r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : max_seq_len;
+    if (end > limit) {
+      throw std::invalid_argument("rope_type dynamic: position " + std::to_string(end - 1) + " is past max_position_embeddings " +
+                                  std::to_string(limit) + "; frugal runs dynamic NTK scaling only within it");
+    }
+    return inv_freq;
+  }
+  TORCH_CHECK(r.type == "llama3", "rotary_inv_freq: unknown rope type ", r.type);
+  // Wavelengths (2 pi / inv_freq) longer than orig / low_freq_factor are slowed by factor, shorter
+  // than orig / high_freq_factor kept; between them a blend s * inv + (1 - s) * inv / factor with
+  // s = (orig / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor).
+  const double orig = static_cast<double>(r.original_max_position_embeddings);
+  const at::Tensor wavelength = (2 * M_PI) / inv_freq;
+  const at::Tensor s = (orig / wavelength - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor blended = (1 - s) * inv_freq / r.factor + s * inv_freq;
+  const at::Tensor low = wavelength > orig / r.low_freq_factor, high = wavelength < orig / r.high_freq_factor;
+  return at::where(low, inv_freq / r.factor, at::where(high, inv_freq, blended));
+}
+
 std::pair<at::Tensor, at::Tensor> apply_rotary(const at::Tensor& q, const at::Tensor& k, double theta) {
-  const auto [cos, sin] = rotary_tables(q.size(2), q.size(3), theta, q.options());
+  DecoderConfig c;
+  c.rope_theta = theta;
+  const auto [cos, sin] = rotary_tables(0, q.size(2), q.size(3), c, q.options());
   return {RotaryFn::apply(q.transpose(1, 2), cos, sin)[0], RotaryFn::apply(k.transpose(1, 2), cos, sin)[0]};
 }
 
@@ -408,19 +522,13 @@ at::Tensor DecoderImpl::logits(const at::Tensor& tokens) {
   return at::linear(hidden_states(tokens), head_weight());  // (B, T, V)
 }
 
-// ---- PLACEHOLDER for the KV cache (the model branch replaces this block with real per-layer K/V) ----
-// Keeps the token ids seen so far in cache.keys[0] (B, T_seen) and recomputes logits() over all of
-// them, so a call costs O(T_seen) and generation is quadratic; the interface is the real one.
 at::Tensor DecoderImpl::logits_with_cache(const at::Tensor& tokens, KVCache& cache) {
   TORCH_CHECK(tokens.dim() == 2, "logits_with_cache: tokens must be (B, T), got ", tokens.sizes());
   at::NoGradGuard no_grad;
-  const at::Tensor seen = cache.length == 0 ? tokens : at::cat({cache.keys.at(0), tokens}, 1);  // (B, T_seen + T)
-  cache.keys.assign(1, seen);
-  cache.length = seen.size(1);
-  const at::Tensor all = logits(seen);                                                    // (B, T_seen + T, V)
-  return all.narrow(1, all.size(1) - tokens.size(1), tokens.size(1)).to(at::kFloat);    // (B, T, V)
+  const at::Tensor h = hidden_states_with_cache(tokens, cache);  // (B, T, d)
+  cache.length += tokens.size(1);
+  return at::linear(h, head_weight()).to(at::kFloat);  // (B, T, V)
 }
-// ---- end PLACEHOLDER ----
 
 at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options) {
   const at::Tensor h = hidden_states(tokens);  // (B, T, d)

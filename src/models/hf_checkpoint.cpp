@@ -30,90 +30,6 @@ bool is_conv1d(const std::string& arch, const std::string& name) {
 
 }  // namespace
 
-DecoderConfig read_hf_config(const std::string& path) {
-  io::JsonValue j;
-  try {
-    j = io::parse_json(io::read_file(path));
-  } catch (const io::JsonError& e) {
-    throw std::invalid_argument(path + ": " + e.what());
-  }
-  auto get = [&](const char* key) -> const io::JsonValue& {
-    const io::JsonValue* v = j.find(key);
-    if (!v) throw std::invalid_argument(path + ": missing key '" + key + "'");
-    return *v;
-  };
-  auto integer = [&](const char* key) {
-    const auto& v = get(key);
-    if (!v.is_integer()) throw std::invalid_argument(path + ": '" + key + "' must be an integer");
-    return v.as_int();
-  };
-  auto number = [&](const char* key, double fallback) {
-    const io::JsonValue* v = j.find(key);
-    if (!v || v->is_null()) return fallback;
-    if (!v->is_number()) throw std::invalid_argument(path + ": '" + key + "' must be a number");
-    return v->as_double();
-  };
-  if (!j.is_object()) throw std::invalid_argument(path + ": not a JSON object");
-  const io::JsonValue* type = j.find("model_type");
-  const std::string model_type = type && type->is_string() ? type->as_string() : "llama";
-  DecoderConfig c;
-  if (model_type == "gpt2") {
-    c.arch = "gpt2";
-    c.vocab_size = integer("vocab_size");
-    c.dim = integer("n_embd");
-    c.n_layers = integer("n_layer");
-    c.n_heads = c.n_kv_heads = integer("n_head");
-    c.max_seq_len = integer("n_positions");
-    const io::JsonValue* inner = j.find("n_inner");
-    c.ffn_dim = inner && inner->is_integer() ? inner->as_int() : 4 * c.dim;
-    c.norm_eps = number("layer_norm_epsilon", 1e-5);
-    c.tie_embeddings = true;
-  } else if (model_type == "llama") {
-    c.arch = "llama";
-    c.vocab_size = integer("vocab_size");
-    c.dim = integer("hidden_size");
-    c.n_layers = integer("num_hidden_layers");
-    c.n_heads = integer("num_attention_heads");
-    c.n_kv_heads = j.contains("num_key_value_heads") ? integer("num_key_value_heads") : c.n_heads;
-    c.ffn_dim = integer("intermediate_size");
-    c.max_seq_len = j.contains("max_position_embeddings") ? integer("max_position_embeddings") : 4096;
-    c.rope_theta = number("rope_theta", 10000.0);
-    c.norm_eps = number("rms_norm_eps", 1e-6);
-    const io::JsonValue* tie = j.find("tie_word_embeddings");
-    c.tie_embeddings = tie && tie->is_bool() && tie->as_bool();
-  } else {
-    throw std::invalid_argument(path + ": model_type '" + model_type + "' is not supported (allowed: llama, gpt2)");
-  }
-  const std::string invalid = c.validate();
-  if (!invalid.empty()) throw std::invalid_argument(path + ": " + invalid);
-  return c;
-}
-
-std::string hf_config_json(const DecoderConfig& c, const std::string& torch_dtype) {
-  std::ostringstream out;
-  io::JsonWriter w(out);
-  w.begin_object();
-  if (c.arch == "gpt2") {
-    w.key("architectures").begin_array().value("GPT2LMHeadModel").end_array();
-    w.key("model_type").value("gpt2");
-    w.key("vocab_size").value(c.vocab_size).key("n_embd").value(c.dim).key("n_layer").value(c.n_layers);
-    w.key("n_head").value(c.n_heads).key("n_positions").value(c.max_seq_len).key("n_inner").value(c.ffn_dim);
-    w.key("layer_norm_epsilon").value(c.norm_eps);
-  } else {
-    w.key("architectures").begin_array().value("LlamaForCausalLM").end_array();
-    w.key("model_type").value("llama");
-    w.key("vocab_size").value(c.vocab_size).key("hidden_size").value(c.dim);
-    w.key("intermediate_size").value(c.ffn_dim).key("num_hidden_layers").value(c.n_layers);
-    w.key("num_attention_heads").value(c.n_heads).key("num_key_value_heads").value(c.n_kv_heads);
-    w.key("max_position_embeddings").value(c.max_seq_len).key("rope_theta").value(c.rope_theta);
-    w.key("rms_norm_eps").value(c.norm_eps).key("hidden_act").value("silu");
-    w.key("tie_word_embeddings").value(c.tie_embeddings);
-  }
-  w.key("torch_dtype").value(torch_dtype);
-  w.end_object();
-  return out.str();
-}
-
 namespace {
 
 // The weight files of a folder, opened lazily, and the match of the model's names and shapes
@@ -240,6 +156,11 @@ class WeightFiles {
 std::vector<std::pair<std::string, std::vector<int64_t>>> hf_parameter_shapes(const DecoderConfig& c) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.emplace_back(name, std::move(shape)); };
+  // A Linear's weight (out, in) and, when it has one, its bias (out), in named_parameters order.
+  auto linear = [&](const std::string& name, int64_t out_features, int64_t in_features, bool bias) {
+    add(name + ".weight", {out_features, in_features});
+    if (bias) add(name + ".bias", {out_features});
+  };
   const int64_t d = c.dim, f = c.ffn_dim, V = c.vocab_size;
   if (c.arch == "gpt2") {
     add("transformer.wte.weight", {V, d});
@@ -248,36 +169,32 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_parameter_shapes(co
       const std::string b = "transformer.h." + std::to_string(i) + ".";
       add(b + "ln_1.weight", {d});
       add(b + "ln_1.bias", {d});
-      add(b + "attn.c_attn.weight", {3 * d, d});
-      add(b + "attn.c_attn.bias", {3 * d});
-      add(b + "attn.c_proj.weight", {d, d});
-      add(b + "attn.c_proj.bias", {d});
+      linear(b + "attn.c_attn", 3 * d, d, true);
+      linear(b + "attn.c_proj", d, d, true);
       add(b + "ln_2.weight", {d});
       add(b + "ln_2.bias", {d});
-      add(b + "mlp.c_fc.weight", {f, d});
-      add(b + "mlp.c_fc.bias", {f});
-      add(b + "mlp.c_proj.weight", {d, f});
-      add(b + "mlp.c_proj.bias", {d});
+      linear(b + "mlp.c_fc", f, d, true);
+      linear(b + "mlp.c_proj", d, f, true);
     }
     add("transformer.ln_f.weight", {d});
     add("transformer.ln_f.bias", {d});
-    return out;
+  } else {
+    const int64_t q = c.n_heads * c.head_dim(), kv = c.n_kv_heads * c.head_dim();
+    add("model.embed_tokens.weight", {V, d});
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      const std::string b = "model.layers." + std::to_string(i) + ".";
+      linear(b + "self_attn.q_proj", q, d, c.attention_bias);
+      linear(b + "self_attn.k_proj", kv, d, c.attention_bias);
+      linear(b + "self_attn.v_proj", kv, d, c.attention_bias);
+      linear(b + "self_attn.o_proj", d, q, c.attention_bias);
+      linear(b + "mlp.gate_proj", f, d, c.mlp_bias);
+      linear(b + "mlp.up_proj", f, d, c.mlp_bias);
+      linear(b + "mlp.down_proj", d, f, c.mlp_bias);
+      add(b + "input_layernorm.weight", {d});
+      add(b + "post_attention_layernorm.weight", {d});
+    }
+    add("model.norm.weight", {d});
   }
-  const int64_t hd = c.head_dim();
-  add("model.embed_tokens.weight", {V, d});
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string b = "model.layers." + std::to_string(i) + ".";
-    add(b + "self_attn.q_proj.weight", {c.n_heads * hd, d});
-    add(b + "self_attn.k_proj.weight", {c.n_kv_heads * hd, d});
-    add(b + "self_attn.v_proj.weight", {c.n_kv_heads * hd, d});
-    add(b + "self_attn.o_proj.weight", {d, c.n_heads * hd});
-    add(b + "mlp.gate_proj.weight", {f, d});
-    add(b + "mlp.up_proj.weight", {f, d});
-    add(b + "mlp.down_proj.weight", {d, f});
-    add(b + "input_layernorm.weight", {d});
-    add(b + "post_attention_layernorm.weight", {d});
-  }
-  add("model.norm.weight", {d});
   if (!c.tie_embeddings) add("lm_head.weight", {V, d});
   return out;
 }
@@ -285,8 +202,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_parameter_shapes(co
 void check_hf_weights(const DecoderConfig& config, const std::string& dir) {
   WeightFiles files(dir);
   // Counted first: the list of names itself grows with the config's claims (10^8 layers).
-  const uint64_t per_layer = config.arch == "gpt2" ? 12 : 9, layers = static_cast<uint64_t>(config.n_layers);
-  const uint64_t implied = layers * per_layer + (config.arch == "gpt2" ? 4 : (config.tie_embeddings ? 2 : 3));
+  const bool gpt2 = config.arch == "gpt2";
+  const uint64_t per_layer = gpt2 ? 12 : 9 + (config.attention_bias ? 4 : 0) + (config.mlp_bias ? 3 : 0);
+  const uint64_t layers = static_cast<uint64_t>(config.n_layers);
+  const uint64_t implied = layers * per_layer + (gpt2 ? 4 : 2) + (config.tie_embeddings ? 0 : 1);
   if (layers > (uint64_t{1} << 40) || implied > files.tensor_count()) {
     throw std::invalid_argument(dir + ": config.json implies " + std::to_string(implied) + " tensors (" + std::to_string(layers) +
                                 " layers) but the weights hold " + std::to_string(files.tensor_count()));
@@ -297,7 +216,10 @@ void check_hf_weights(const DecoderConfig& config, const std::string& dir) {
 Decoder load_hf_checkpoint(const std::string& dir, const at::TensorOptions& options) {
   const DecoderConfig config = read_hf_config(dir + "/config.json");
   check_hf_weights(config, dir);  // before the model is built: the config's sizes are only claims
-  Decoder model = make_decoder(config, options);
+  // The file's dtype unless the caller names one.
+  at::TensorOptions opts = options;
+  if (!options.has_dtype() && config.file_dtype) opts = opts.dtype(*config.file_dtype);
+  Decoder model = make_decoder(config, opts);
   load_hf_weights(*model, dir);
   return model;
 }

@@ -4,6 +4,7 @@
 #include <yaml-cpp/parser.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <limits>
@@ -18,7 +20,9 @@
 #include <vector>
 
 #include "frugal/checkpoint/autocast.h"
+#include "frugal/io/files.h"
 #include "frugal/io/units.h"
+#include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/estimate.h"
 
 namespace frugal {
@@ -157,6 +161,7 @@ const std::vector<Field>& fields() {
       ENUM_FIELD("model.dtype", r.dtype, parse_dtype, dtype_name, kRecipeDtypes),
       ENUM_FIELD("model.compute_dtype", r.compute_dtype, parse_compute_dtype, compute_dtype_name, kComputeDtypes),
       STRING_FIELD("model.init_from", r.init_from),
+      BOOL_FIELD("model.ignore_dropout", r.ignore_dropout),
       STRING_FIELD("data.corpus", r.corpus),
       STRING_FIELD("data.tokenizer", r.tokenizer),
       STRING_FIELD("data.tokens", r.tokens),
@@ -463,7 +468,8 @@ const std::map<std::string, const char*>& meanings() {
        "log-sum-exp per query instead"},
       {"model.dtype", "dtype of parameters and activations"},
       {"model.compute_dtype", "precision of the matrix products for fp32 parameters (autocast; auto: bf16 where the device has bf16 matrix instructions)"},
-      {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init)"},
+      {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init); its config.json defines the model"},
+      {"model.ignore_dropout", "train without the dropout init_from's config.json asks for (frugal has none; false refuses a nonzero one)"},
       {"data.corpus", "text file or folder the tokenizer and tokens are made from"},
       {"data.tokenizer", "SentencePiece .model, trained when missing (empty: <out_dir>/tokenizer.model)"},
       {"data.tokens", "token file, made when missing (empty: <out_dir>/corpus.tokens)"},
@@ -525,6 +531,55 @@ std::vector<std::string> recipe_keys() {
   return keys;
 }
 
+const std::vector<std::string>& architecture_keys() {
+  static const std::vector<std::string> keys = {"model.arch",      "model.vocab_size",  "model.dim",
+                                                "model.n_layers",  "model.n_heads",     "model.n_kv_heads",
+                                                "model.ffn_dim",   "model.max_seq_len", "model.rope_theta",
+                                                "model.norm_eps",  "model.tie_embeddings"};
+  return keys;
+}
+
+ResolvedModel resolve_model_config(const Recipe& r) {
+  ResolvedModel out{r.model, {}};
+  auto is_explicit = [&](const std::string& key) {
+    return std::find(r.explicit_model_keys.begin(), r.explicit_model_keys.end(), key) != r.explicit_model_keys.end();
+  };
+  if (r.init_from.empty()) {
+    for (const std::string& key : architecture_keys()) out.sources.emplace_back(key, is_explicit(key) ? "recipe" : "default");
+    return out;
+  }
+  const std::string path = r.init_from + "/config.json";
+  if (!io::path_exists(r.init_from) || io::is_regular_file(r.init_from)) {
+    throw RecipeError("model.init_from " + r.init_from + " is not a folder (a Hugging Face checkpoint folder is needed)");
+  }
+  if (!io::is_regular_file(path)) throw RecipeError("model.init_from " + r.init_from + " has no config.json");
+  models::DecoderConfig file;
+  try {
+    file = models::read_hf_config(path);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(std::string("model.init_from: ") + e.what());
+  }
+  file.attention = r.model.attention;  // how attention is computed is the recipe's choice
+  Recipe from_file = r;
+  from_file.model = file;
+  for (const std::string& key : architecture_keys()) {
+    const Field* f = find_field(key);
+    const std::string mine = f->get(r), theirs = f->get(from_file);
+    const bool from_tokenizer = key == "model.vocab_size" && mine == "0";
+    if (is_explicit(key) && mine != theirs && !from_tokenizer) {
+      throw RecipeError(key + " " + mine + " (set in the recipe) contradicts model.init_from " + path + ", which says " + theirs +
+                        " (leave " + key + " out to take the file's)");
+    }
+    out.sources.emplace_back(key, "file");
+  }
+  if (file.dropout > 0 && !r.ignore_dropout) {
+    throw RecipeError("model.init_from " + path + " has " + file.dropout_field + " " + fmt(file.dropout) +
+                      ": frugal trains without dropout; set model.ignore_dropout=true to train without it");
+  }
+  out.config = file;
+  return out;
+}
+
 Recipe parse_recipe(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides) {
   YAML::Node root;
   try {
@@ -542,13 +597,24 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
   if (root.IsMap()) flatten(root, "", flat, source);
   Recipe r;
   for (const auto& [key, value] : flat) apply(r, key, value, source);
+  std::set<std::string> set_keys;
+  for (const auto& item : flat) set_keys.insert(item.first);
   Overridden overridden;
   for (const std::string& o : overrides) {
     const auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0) throw RecipeError("override '" + o + "' must look like section.key=value");
     apply(r, o.substr(0, eq), o.substr(eq + 1), "override");
     overridden[o.substr(0, eq)] = o.substr(eq + 1);
+    set_keys.insert(o.substr(0, eq));
   }
+  for (const std::string& key : set_keys) {
+    if (key.rfind("model.", 0) == 0) r.explicit_model_keys.push_back(key);
+  }
+  // frugal's GPT-2 has always tied its head to the embedding: the arch's default, unless set.
+  if (r.model.arch == "gpt2" && !set_keys.count("model.tie_embeddings")) r.model.tie_embeddings = true;
+  ResolvedModel resolved = resolve_model_config(r);
+  r.model = resolved.config;
+  r.model_sources = resolved.sources;
   validate(r, source, overridden);
   return r;
 }
@@ -559,6 +625,14 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   std::stringstream text;
   text << in.rdbuf();
   return parse_recipe(text.str(), path, overrides);
+}
+
+std::string recipe_number(double value) { return fmt(value); }
+
+std::string recipe_value(const Recipe& r, const std::string& key) {
+  const Field* f = find_field(key);
+  if (f == nullptr) throw RecipeError("unknown recipe key '" + key + "'");
+  return f->get(r);
 }
 
 std::string recipe_to_yaml(const Recipe& r) {

@@ -130,7 +130,13 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
   }
   const data::Tokenizer tok = data::Tokenizer::load(p.tokenizer_path);
   p.vocab_size = tok.vocab_size();
-  if (r.model.vocab_size > 0 && r.model.vocab_size != p.vocab_size) {
+  if (!r.init_from.empty()) {
+    // The model's vocabulary is the file's; a smaller tokenizer leaves rows unused (padded vocabularies).
+    if (p.vocab_size > r.model.vocab_size) {
+      throw RecipeError("the tokenizer " + p.tokenizer_path + " has " + std::to_string(p.vocab_size) + " pieces, more than the vocab_size " +
+                        std::to_string(r.model.vocab_size) + " of model.init_from " + r.init_from + " (its last tokens would have no embedding)");
+    }
+  } else if (r.model.vocab_size > 0 && r.model.vocab_size != p.vocab_size) {
     throw RecipeError("model.vocab_size " + std::to_string(r.model.vocab_size) + " differs from the tokenizer's " +
                       std::to_string(p.vocab_size) + " (set model.vocab_size=0 to take the tokenizer's)");
   }
@@ -197,8 +203,8 @@ class Trainer {
                         std::to_string(dataset_->train_tokens()) + " tokens of " + data_.tokens_path +
                         " for training, fewer than train.seq_len + 1 = " + std::to_string(window));
     }
-    cfg_ = r_.model;
-    cfg_.vocab_size = data_.vocab_size;
+    cfg_ = r_.model;  // with init_from, resolved from its config.json (resolve_model_config)
+    if (r_.init_from.empty()) cfg_.vocab_size = data_.vocab_size;
     dp_ = DataParallel{group_ ? group_->size() : 1, group_ ? group_->rank() : 0};
     result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp_);
     result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size, dp_);
@@ -224,22 +230,7 @@ class Trainer {
       // Made in its dtype on its device (no fp32 or host copy of the whole model).
       model_ = models::make_decoder(cfg_, at::TensorOptions().dtype(r_.dtype).device(r_.device));
       if (!r_.init_from.empty()) {
-        const auto file_cfg = models::read_hf_config(r_.init_from + "/config.json");
-        // The first size that differs, by its recipe key: "another shape" alone does not say which.
-        const std::pair<const char*, std::pair<int64_t, int64_t>> sizes[] = {
-            {"vocab_size", {file_cfg.vocab_size, cfg_.vocab_size}}, {"dim", {file_cfg.dim, cfg_.dim}},
-            {"n_layers", {file_cfg.n_layers, cfg_.n_layers}},       {"n_heads", {file_cfg.n_heads, cfg_.n_heads}},
-            {"n_kv_heads", {file_cfg.n_kv_heads, cfg_.n_kv_heads}}, {"ffn_dim", {file_cfg.ffn_dim, cfg_.ffn_dim}},
-            {"tie_embeddings", {file_cfg.tie_embeddings, cfg_.tie_embeddings}}};
-        if (file_cfg.arch != cfg_.arch) {
-          throw RecipeError("model.init_from " + r_.init_from + " holds a " + file_cfg.arch + " model, the recipe's model.arch is " + cfg_.arch);
-        }
-        for (const auto& [key, v] : sizes) {
-          if (v.first != v.second) {
-            throw RecipeError("model.init_from " + r_.init_from + " has " + key + " " + std::to_string(v.first) + " but the recipe's model." +
-                              key + " is " + std::to_string(v.second));
-          }
-        }
+        // cfg_ is the folder's config.json already (load_recipe resolved it): only the weights remain to check.
         int64_t loaded = 0;
         try {
           loaded = models::load_hf_weights(*model_, r_.init_from);

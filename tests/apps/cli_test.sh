@@ -91,6 +91,18 @@ if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 fi
 expect 2 "data.corpus /nonexistent does not exist" -- train tiny data.corpus=/nonexistent train.out_dir="$tmp/nocorpus"
 expect 2 "model.init_from /nonexistent is not a folder" -- train tiny model.init_from=/nonexistent
+# The init_from folder's config.json defines the model: its sources shown, a contradiction or a
+# field frugal cannot honour named.
+mkdir -p "$tmp/hf"
+cat > "$tmp/hf/config.json" <<'JSON'
+{"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-05,
+ "tie_word_embeddings": true, "head_dim": 8, "bos_token_id": 1}
+JSON
+expect 0 "dim=64 (file)" -- train tiny --dry-run model.init_from="$tmp/hf"
+expect 2 "model.n_layers 3 (set in the recipe) contradicts model.init_from" -- train tiny --dry-run model.init_from="$tmp/hf" model.n_layers=3
+sed -i 's/"bos_token_id": 1/"rope_scaling": {"rope_type": "yarn", "factor": 4.0}/' "$tmp/hf/config.json"
+expect 2 "'yarn' is not supported" -- train tiny --dry-run model.init_from="$tmp/hf"
 expect 2 "train.out_dir $tmp/afile exists and is not a folder" -- train tiny train.out_dir="$tmp/afile"
 expect 2 "recipe '/nonexistent' is neither a file" -- bench optim-state --recipe /nonexistent
 expect 2 "recipe 'nosuch' is neither a file" -- bench train --recipe nosuch

@@ -5,6 +5,8 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
+
 #include "frugal/checkpoint/checkpoint.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/models/activation_bytes.h"
@@ -25,6 +27,7 @@ DecoderConfig tiny(const std::string& arch = "llama") {
   c.n_kv_heads = arch == "llama" ? 2 : 4;
   c.ffn_dim = arch == "llama" ? 88 : 128;
   c.max_seq_len = 64;
+  c.tie_embeddings = arch == "gpt2";  // frugal's GPT-2 recipes tie it
   return c;
 }
 
@@ -297,6 +300,122 @@ TEST(Decoder, ExplicitKeptBytesEqualTheFormula) {
       c.n_layers = 1;
       const int64_t B = 2, T = 48;
       EXPECT_EQ(measured_block_kept(c, B, T, dtype), models::decoder_activation_bytes(c, B, T, dtype, models::LossOptions()).block_plain);
+    }
+  }
+}
+
+TEST(Decoder, RotaryFrequenciesFollowTheirScalingFormulas) {
+  const int64_t hd = 16;
+  const double theta = 5000;
+  models::RopeScaling r;
+  const at::Tensor plain = models::rotary_inv_freq(hd, theta, r, 64, 64).to(at::kDouble);
+  for (int64_t i = 0; i < hd / 2; ++i) EXPECT_NEAR(plain[i].item<double>(), std::pow(theta, -2.0 * i / hd), 1e-6);
+  r.type = "linear";
+  r.factor = 4;
+  EXPECT_TRUE(at::allclose(models::rotary_inv_freq(hd, theta, r, 64, 64).to(at::kDouble), plain / 4));
+  // llama3, each frequency by its wavelength against orig / low (slowed), orig / high (kept), between (blended)
+  r.type = "llama3";
+  r.factor = 8;
+  r.low_freq_factor = 1;
+  r.high_freq_factor = 4;
+  r.original_max_position_embeddings = 64;
+  const at::Tensor l3 = models::rotary_inv_freq(hd, theta, r, 256, 256).to(at::kDouble);
+  int slowed = 0, kept = 0, blended = 0;
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    const double f = plain[i].item<double>(), wavelength = 2 * M_PI / f;
+    double want;
+    if (wavelength > 64.0 / 1) {
+      want = f / 8, ++slowed;
+    } else if (wavelength < 64.0 / 4) {
+      want = f, ++kept;
+    } else {
+      const double s = (64.0 / wavelength - 1) / (4 - 1);
+      want = (1 - s) * f / 8 + s * f, ++blended;
+    }
+    EXPECT_NEAR(l3[i].item<double>(), want, 1e-6 * want) << i;
+  }
+  EXPECT_GT(slowed, 0);
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(blended, 0);
+  // dynamic: the default frequencies within max_seq_len, refused by name beyond it
+  r = models::RopeScaling();
+  r.type = "dynamic";
+  r.factor = 2;
+  EXPECT_TRUE(at::equal(models::rotary_inv_freq(hd, theta, r, 64, 64), models::rotary_inv_freq(hd, theta, {}, 64, 64)));
+  try {
+    models::rotary_inv_freq(hd, theta, r, 64, 65);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("dynamic"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Decoder, ActivationsFollowTheirFormulas) {
+  // One GPT-2 block with zero attention output weights isolates the MLP: logits' difference
+  // between gelu and gelu_tanh models with the same weights is the activations' difference.
+  auto c = tiny("gpt2");
+  c.n_layers = 1;
+  torch::manual_seed(0);
+  auto erf = models::make_decoder(c);
+  c.activation = "gelu_tanh";
+  auto tanh = models::make_decoder(c);
+  {
+    at::NoGradGuard no_grad;
+    auto a = erf->named_parameters(), b = tanh->named_parameters();
+    for (const auto& item : a) b[item.key()].copy_(item.value());
+  }
+  const at::Tensor tokens = at::randint(0, c.vocab_size, {1, 8}, at::kLong);
+  at::NoGradGuard no_grad;
+  const double diff = (erf->logits(tokens) - tanh->logits(tokens)).abs().max().item<double>();
+  EXPECT_GT(diff, 0.0);  // a different function ...
+  EXPECT_LT(diff, 1e-2);  // ... close to the same one
+  const at::Tensor x = at::linspace(-4, 4, 101, at::kDouble);
+  const at::Tensor tanh_ref = 0.5 * x * (1 + at::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x.pow(3))));
+  EXPECT_TRUE(at::allclose(at::gelu(x, "tanh"), tanh_ref, 1e-12, 1e-12));
+}
+
+TEST(Decoder, DecodingWithTheCacheGivesTheWholeSequencesLogits) {
+  DecoderConfig l = tiny("llama");  // GQA (4 heads, 2 kv heads)
+  l.explicit_head_dim = 10;
+  l.attention_bias = l.mlp_bias = true;
+  l.rope_scaling.type = "llama3";
+  l.rope_scaling.factor = 8;
+  l.rope_scaling.original_max_position_embeddings = 8;
+  DecoderConfig g = tiny("gpt2");
+  g.tie_embeddings = false;
+  g.activation = "gelu_tanh";
+  for (auto c : {l, g}) {
+    for (models::AttentionKernel kernel : models::available_attention_kernels()) {
+      SCOPED_TRACE(c.arch + " " + models::attention_kernel_name(kernel));
+      c.attention = kernel;
+      torch::manual_seed(0);
+      auto m = models::make_decoder(c);
+      {
+        at::NoGradGuard no_grad;
+        for (auto& p : m->parameters()) p.normal_(0, 0.2);
+      }
+      const at::Tensor tokens = at::randint(0, c.vocab_size, {2, 12}, at::kLong);
+      at::Tensor whole;
+      {
+        at::NoGradGuard no_grad;
+        whole = m->logits(tokens);  // (2, 12, V)
+      }
+      // one token at a time, then in uneven pieces
+      for (const std::vector<int64_t>& pieces : {std::vector<int64_t>(12, 1), std::vector<int64_t>{5, 1, 4, 2}}) {
+        models::KVCache cache;
+        std::vector<at::Tensor> parts;
+        int64_t at_pos = 0;
+        for (int64_t n : pieces) {
+          parts.push_back(m->logits_with_cache(tokens.narrow(1, at_pos, n), cache));
+          at_pos += n;
+        }
+        EXPECT_EQ(cache.length, 12);
+        ASSERT_EQ(static_cast<int64_t>(cache.keys.size()), c.n_layers);
+        EXPECT_EQ(cache.keys[0].sizes(), (std::vector<int64_t>{2, c.n_kv_heads, 12, c.head_dim()}));
+        const at::Tensor stepped = at::cat(parts, 1);
+        EXPECT_FALSE(stepped.requires_grad());
+        EXPECT_LT((stepped - whole).abs().max().item<double>(), 1e-5);
+      }
     }
   }
 }

@@ -89,7 +89,7 @@ TEST(HfCheckpoint, WeightsThatDoNotFitAreNamed) {
     models::read_hf_config(dir + "/config.json");
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("missing key 'vocab_size'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'vocab_size' is missing"), std::string::npos) << e.what();
   }
 }
 
@@ -130,16 +130,20 @@ TEST(HfCheckpoint, LoadingAtRealWidthHoldsOneTensorBesidesTheModel) {
 
 TEST(HfCheckpoint, ShapesFromTheConfigAreTheModelsParameters) {
   for (const std::string arch : {"llama", "gpt2"}) {
-    for (bool tie : {false, true}) {
+    for (int variant = 0; variant < 4; ++variant) {
       models::DecoderConfig c = tiny(arch);
-      c.tie_embeddings = arch == "gpt2" ? true : tie;
+      c.tie_embeddings = variant % 2 == 1;
+      if (arch == "llama" && variant >= 2) {  // biases and a head size of its own
+        c.attention_bias = c.mlp_bias = true;
+        c.explicit_head_dim = 6;
+      }
       const auto model = models::make_decoder(c);  // the reference: what the model really holds
       std::vector<std::pair<std::string, std::vector<int64_t>>> real;
       for (const auto& item : model->named_parameters()) real.emplace_back(item.key(), item.value().sizes().vec());
-      auto predicted = models::hf_parameter_shapes(c);
-      std::sort(real.begin(), real.end());
-      std::sort(predicted.begin(), predicted.end());
-      EXPECT_EQ(predicted, real) << arch << " tie " << tie;
+      EXPECT_EQ(models::hf_parameter_shapes(c), real) << arch << " variant " << variant;  // in the same order
+      int64_t numel = 0;
+      for (const auto& p : model->parameters()) numel += p.numel();
+      EXPECT_EQ(c.param_count(), numel) << arch << " variant " << variant;
     }
   }
 }
@@ -204,4 +208,184 @@ TEST(HfCheckpoint, AHugeTensorInASparseFileIsRefusedFromItsHeaderWithoutReadingI
   ::getrusage(RUSAGE_SELF, &after);
   EXPECT_LT(tracker->peak_bytes(), 1 << 20);
   EXPECT_LT(after.ru_minflt + after.ru_majflt - before.ru_minflt - before.ru_majflt, 65536);  // 1 GiB is 262144 pages
+}
+
+namespace {
+
+std::string write_config(const std::string& name, const std::string& json) {
+  const std::string dir = fresh_dir(name);
+  std::ofstream(dir + "/config.json") << json;
+  return dir + "/config.json";
+}
+
+// The message read_hf_config throws for the config, or "" when it reads it.
+std::string refusal(const std::string& json) {
+  try {
+    models::read_hf_config(write_config("refused", json));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// What transformers 5.23 writes for LlamaForCausalLM(LlamaConfig(...)).save_pretrained(dir).
+const char* kLlamaV5 = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": true, "attention_dropout": 0.0, "bos_token_id": 1,
+  "dtype": "float32", "eos_token_id": 2, "head_dim": 12, "hidden_act": "silu", "hidden_size": 32,
+  "initializer_range": 0.02, "intermediate_size": 48, "max_position_embeddings": 64, "mlp_bias": true,
+  "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+  "pad_token_id": null, "pretraining_tp": 1, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"factor": 4.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                      "original_max_position_embeddings": 16, "rope_theta": 5000.0, "rope_type": "llama3"},
+  "tie_word_embeddings": false, "transformers_version": "5.23.0", "use_cache": true, "vocab_size": 64})";
+
+// What transformers 5.23 writes for GPT2LMHeadModel(GPT2Config(..., tie_word_embeddings=False)).
+const char* kGpt2V5 = R"({
+  "activation_function": "gelu_new", "add_cross_attention": false, "architectures": ["GPT2LMHeadModel"],
+  "attn_pdrop": 0.1, "bos_token_id": 50256, "dtype": "float32", "embd_pdrop": 0.1, "eos_token_id": 50256,
+  "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_embd": 32, "n_head": 4,
+  "n_inner": null, "n_layer": 2, "n_positions": 32, "pad_token_id": null, "reorder_and_upcast_attn": false,
+  "resid_pdrop": 0.1, "scale_attn_by_inverse_layer_idx": false, "scale_attn_weights": true,
+  "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+  "summary_type": "cls_index", "summary_use_proj": true, "tie_word_embeddings": false,
+  "transformers_version": "5.23.0", "use_cache": true, "vocab_size": 64})";
+
+}  // namespace
+
+TEST(HfCheckpoint, TransformersFiveConfigsDefineTheModel) {
+  const auto l = models::read_hf_config(write_config("llama_v5", kLlamaV5));
+  EXPECT_EQ(l.head_dim(), 12);
+  EXPECT_TRUE(l.attention_bias && l.mlp_bias);
+  EXPECT_EQ(l.rope_theta, 5000.0);
+  EXPECT_EQ(l.rope_scaling.type, "llama3");
+  EXPECT_EQ(l.rope_scaling.factor, 4.0);
+  EXPECT_EQ(l.rope_scaling.original_max_position_embeddings, 16);
+  EXPECT_EQ(l.norm_eps, 1e-6);
+  EXPECT_EQ(l.max_seq_len, 64);
+  EXPECT_FALSE(l.tie_embeddings);
+  EXPECT_EQ(l.file_dtype, at::kFloat);
+  EXPECT_EQ(l.dropout, 0.0);
+  const auto g = models::read_hf_config(write_config("gpt2_v5", kGpt2V5));
+  EXPECT_EQ(g.resolved_activation(), "gelu_tanh");
+  EXPECT_EQ(g.ffn_dim, 128);  // n_inner null: 4 * n_embd
+  EXPECT_FALSE(g.tie_embeddings);
+  EXPECT_EQ(g.dropout, 0.1);
+  EXPECT_EQ(g.dropout_field, "attn_pdrop");
+  // A GPT-2 file that names no activation or dropout has transformers' defaults.
+  const auto old = models::read_hf_config(write_config(
+      "gpt2_old", R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 4, "n_positions": 16, "n_ctx": 16})"));
+  EXPECT_EQ(old.resolved_activation(), "gelu_tanh");
+  EXPECT_TRUE(old.tie_embeddings);
+  EXPECT_EQ(old.dropout, 0.1);
+  EXPECT_EQ(models::read_hf_config(write_config("gpt2_old_again", models::hf_config_json(old))).dropout, 0.1);  // written back as 0.1
+  // transformers 4's layout: rope_theta at the top, rope_scaling with "type".
+  const auto v4 = models::read_hf_config(write_config("llama_v4", R"({"model_type": "llama", "vocab_size": 64,
+      "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0}, "torch_dtype": "bfloat16"})"));
+  EXPECT_EQ(v4.rope_theta, 500000.0);
+  EXPECT_EQ(v4.rope_scaling.type, "linear");
+  EXPECT_EQ(v4.rope_scaling.factor, 2.0);
+  EXPECT_EQ(v4.n_kv_heads, 4);
+  EXPECT_EQ(v4.max_seq_len, 2048);  // transformers' default
+  EXPECT_EQ(v4.file_dtype, at::kBFloat16);
+}
+
+TEST(HfCheckpoint, FieldsThatWouldChangeTheModelAreRefusedByName) {
+  const std::string llama = R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+      "num_hidden_layers": 1, "num_attention_heads": 4)";
+  const std::string gpt2 = R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 4, "n_positions": 16)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {llama + R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})", "'yarn'"},
+      {llama + R"(, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}})", "'longrope'"},
+      {llama + R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "attention_factor": 2.0}})", "attention_factor"},
+      {llama + R"(, "rope_parameters": {"rope_type": "default", "beta_fast": 32}})", "beta_fast"},
+      {llama + R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}})", "original_max_position_embeddings"},
+      {llama + R"(, "rope_theta": 1e4, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})", "rope_theta"},
+      {llama + R"(, "hidden_act": "relu"})", "hidden_act"},
+      {llama + R"(, "sliding_window": 128})", "sliding_window"},
+      {llama + R"(, "torch_dtype": "float64"})", "torch_dtype"},
+      {R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 30, "intermediate_size": 48, "num_hidden_layers": 1,
+          "num_attention_heads": 4})", "num_attention_heads"},
+      {llama + R"(, "head_dim": 7})", "head_dim"},
+      {gpt2 + R"(, "scale_attn_weights": false})", "scale_attn_weights"},
+      {gpt2 + R"(, "scale_attn_by_inverse_layer_idx": true})", "scale_attn_by_inverse_layer_idx"},
+      {gpt2 + R"(, "activation_function": "relu"})", "activation_function"},
+      {gpt2 + R"(, "add_cross_attention": true})", "add_cross_attention"},
+      {gpt2 + R"(, "rope_theta": 1e4})", "rope_theta"},
+      {R"({"model_type": "mistral", "vocab_size": 64})", "mistral"},
+  };
+  for (const auto& [json, field] : cases) {
+    const std::string msg = refusal(json);
+    EXPECT_NE(msg.find(field), std::string::npos) << json << " -> " << msg;
+  }
+  EXPECT_EQ(refusal(llama + R"(, "pretraining_tp": 2, "rope_scaling": null, "attention_dropout": 0.1})"), "");
+}
+
+TEST(HfCheckpoint, EveryFieldRoundTripsAndTheHarmlessOnesPassThrough) {
+  models::DecoderConfig l = tiny("llama");
+  l.explicit_head_dim = 6;
+  l.attention_bias = l.mlp_bias = true;
+  l.rope_theta = 5000;
+  l.rope_scaling.type = "llama3";
+  l.rope_scaling.factor = 4;
+  l.rope_scaling.original_max_position_embeddings = 8;
+  l.norm_eps = 1e-6;
+  l.activation = "gelu_tanh";
+  models::DecoderConfig g = tiny("gpt2");
+  g.tie_embeddings = false;
+  g.activation = "gelu_tanh";
+  for (const auto& c : {l, g}) {
+    SCOPED_TRACE(c.arch);
+    torch::manual_seed(0);
+    auto model = models::make_decoder(c, at::TensorOptions().dtype(at::kBFloat16));
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.normal_();  // biases too: nonzero
+    }
+    const std::string dir = fresh_dir("fields_" + c.arch);
+    models::save_hf_checkpoint(*model, dir);
+    const auto back = models::read_hf_config(dir + "/config.json");
+    EXPECT_EQ(back.head_dim(), c.head_dim());
+    EXPECT_EQ(back.attention_bias, c.attention_bias);
+    EXPECT_EQ(back.mlp_bias, c.mlp_bias);
+    EXPECT_EQ(back.rope_theta, c.rope_theta);
+    EXPECT_TRUE(back.rope_scaling == c.rope_scaling);
+    EXPECT_EQ(back.resolved_activation(), "gelu_tanh");
+    EXPECT_EQ(back.tie_embeddings, c.tie_embeddings);
+    EXPECT_EQ(back.norm_eps, c.norm_eps);
+    EXPECT_EQ(back.dropout, 0.0);
+    EXPECT_EQ(back.file_dtype, at::kBFloat16);
+    auto loaded = models::load_hf_checkpoint(dir);  // the file's dtype: bf16
+    const auto a = model->named_parameters(), b = loaded->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& item : a) {
+      EXPECT_EQ(b[item.key()].scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
+    }
+  }
+  // A config read and written back keeps the file's harmless fields.
+  const auto v5 = models::read_hf_config(write_config("passthrough", kGpt2V5));
+  const std::string again = write_config("passthrough_again", models::hf_config_json(v5));
+  const auto back = models::read_hf_config(again);
+  EXPECT_EQ(back.hf_passthrough, v5.hf_passthrough);
+  EXPECT_EQ(back.dropout_field, "attn_pdrop");
+  std::ifstream in(again);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"bos_token_id\": 50256"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"summary_type\": \"cls_index\""), std::string::npos) << text;
+}
+
+// Hand check against transformers: FRUGAL_HF_DUMP=dir runs the checkpoint in dir on the tokens in
+// dir/tokens.safetensors ("tokens", (B, T) int64), writes dir/frugal_logits.safetensors and saves
+// the model again into dir/resaved (for transformers to read back).
+TEST(HfCheckpoint, DumpLogitsForAHandCheck) {
+  const char* dir = std::getenv("FRUGAL_HF_DUMP");
+  if (!dir) GTEST_SKIP() << "FRUGAL_HF_DUMP not set";
+  auto model = models::load_hf_checkpoint(dir, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor tokens = io::SafetensorsReader(std::string(dir) + "/tokens.safetensors").load("tokens");
+  at::NoGradGuard no_grad;
+  io::write_safetensors(std::string(dir) + "/frugal_logits.safetensors", {{"logits", model->logits(tokens).contiguous()}});
+  const std::string resaved = std::string(dir) + "/resaved";
+  ::mkdir(resaved.c_str(), 0755);
+  models::save_hf_checkpoint(*model, resaved);
 }

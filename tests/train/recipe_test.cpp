@@ -5,6 +5,9 @@
 #include <torch/version.h>
 
 #include "frugal/checkpoint/autocast.h"
+#include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
+#include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/recipe.h"
 
 using namespace frugal::train;
@@ -267,4 +270,56 @@ TEST(Recipe, ComputeDtypeKey) {
   // bf16 parameters compute in bf16 whatever the key says (no autocast).
   EXPECT_EQ(resolve_compute_dtype(parse_recipe(kYaml, "r.yaml", {"model.dtype=bf16", "model.compute_dtype=fp32"}), &why), at::kBFloat16);
   EXPECT_EQ(why, "the parameters are bf16");
+}
+
+// model.init_from: the folder's config.json defines the model; keys left at their defaults follow
+// it, keys set explicitly must agree with it, and its dropout needs model.ignore_dropout.
+TEST(Recipe, InitFromDefinesTheArchitecture) {
+  frugal::models::DecoderConfig c;
+  c.vocab_size = 48;
+  c.dim = 24;
+  c.n_layers = 1;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 40;
+  c.max_seq_len = 128;
+  c.rope_theta = 500000;
+  c.explicit_head_dim = 8;
+  const std::string dir = ::testing::TempDir() + "/frugal_recipe_init_from";
+  frugal::io::make_directories(dir);
+  frugal::io::write_file_atomic(dir + "/config.json", frugal::models::hf_config_json(c));
+  const std::string yaml = "data:\n  corpus: /tmp/x\ntrain:\n  seq_len: 16\nmodel:\n  init_from: " + dir + "\n";
+  const Recipe r = parse_recipe(yaml, "r.yaml");
+  EXPECT_EQ(r.model.vocab_size, 48);
+  EXPECT_EQ(r.model.dim, 24);
+  EXPECT_EQ(r.model.head_dim(), 8);
+  EXPECT_EQ(r.model.rope_theta, 500000);
+  EXPECT_EQ(r.model.max_seq_len, 128);
+  ASSERT_EQ(r.model_sources.size(), architecture_keys().size());
+  for (const auto& [key, source] : r.model_sources) EXPECT_EQ(source, "file") << key;
+  // An explicit value that agrees is fine; one that contradicts names both values.
+  EXPECT_EQ(parse_recipe(yaml, "r.yaml", {"model.dim=24"}).model.dim, 24);
+  expect_error(yaml, {"model.dim=32"}, "model.dim 32 (set in the recipe) contradicts model.init_from");
+  expect_error(yaml, {"model.rope_theta=10000"}, "which says 500000");
+  expect_error(yaml + "  n_layers: 2\n", {}, "model.n_layers 2");
+  // Without init_from, where each value came from.
+  const Recipe plain = parse_recipe(kYaml, "r.yaml", {"model.norm_eps=1e-6"});
+  for (const auto& [key, source] : plain.model_sources) {
+    EXPECT_EQ(source, key == "model.rope_theta" || key == "model.tie_embeddings" ? "default" : "recipe") << key;
+  }
+  // A GPT-2 file with transformers' default dropout.
+  frugal::io::write_file_atomic(dir + "/config.json", R"({"model_type": "gpt2", "vocab_size": 48, "n_embd": 24,
+      "n_layer": 1, "n_head": 4, "n_positions": 64, "resid_pdrop": 0.1})");
+  expect_error(yaml, {}, "resid_pdrop 0.1: frugal trains without dropout; set model.ignore_dropout=true");
+  const Recipe g = parse_recipe(yaml, "r.yaml", {"model.ignore_dropout=true"});
+  EXPECT_EQ(g.model.arch, "gpt2");
+  EXPECT_EQ(g.model.resolved_activation(), "gelu_tanh");
+  expect_error("data:\n  corpus: /tmp/x\nmodel:\n  init_from: /nonexistent\n", {}, "model.init_from /nonexistent is not a folder");
+}
+
+// frugal's own GPT-2 recipes tie the head unless they say otherwise.
+TEST(Recipe, Gpt2TiesItsHeadByDefault) {
+  EXPECT_TRUE(parse_recipe(kYaml, "r.yaml", {"model.arch=gpt2", "model.n_kv_heads=4"}).model.tie_embeddings);
+  EXPECT_FALSE(parse_recipe(kYaml, "r.yaml", {"model.arch=gpt2", "model.n_kv_heads=4", "model.tie_embeddings=false"}).model.tie_embeddings);
+  EXPECT_FALSE(parse_recipe(kYaml, "r.yaml").model.tie_embeddings);
 }

@@ -393,3 +393,38 @@ TEST(Trainer, SevenBillionWidthTwoLayersMatchesItsEstimateAndResumesExactly) {
   EXPECT_EQ(part1.losses[1], r.losses[1]);
   EXPECT_EQ(part2.losses[0], r.losses[2]);
 }
+
+// model.init_from: the folder's config.json defines what is trained (here an explicit head_dim,
+// biases and llama3 rope scaling no recipe key can say), and the estimate counts its parameters.
+TEST(Trainer, InitFromTrainsTheModelItsConfigDefines) {
+  models::DecoderConfig c;
+  c.vocab_size = 512;
+  c.dim = 64;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 176;
+  c.max_seq_len = 64;
+  c.tie_embeddings = true;
+  c.explicit_head_dim = 8;
+  c.attention_bias = c.mlp_bias = true;
+  c.rope_scaling.type = "llama3";
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.original_max_position_embeddings = 16;
+  const std::string dir = ::testing::TempDir() + "/frugal_train_init_from";
+  ::mkdir(dir.c_str(), 0755);
+  torch::manual_seed(3);
+  auto source = models::make_decoder(c);
+  models::save_hf_checkpoint(*source, dir);
+  const auto recipe = tiny("init-from", {"model.init_from=" + dir, "train.steps=2", "schedule.warmup_steps=1", "train.eval_interval=0",
+                                         "train.checkpoint_interval=0"});
+  EXPECT_EQ(recipe.model.head_dim(), 8);
+  EXPECT_TRUE(recipe.model.attention_bias);
+  EXPECT_EQ(recipe.model.rope_scaling.type, "llama3");
+  const auto r = train::run_training(recipe, train::TrainOptions().sample(false), quiet);
+  EXPECT_EQ(r.n_params, c.param_count());
+  EXPECT_EQ(r.estimate.n_params, c.param_count());
+  ASSERT_EQ(r.losses.size(), 2u);
+  EXPECT_GT(r.losses[0], 0);
+  EXPECT_THROW(tiny("init-from", {"model.init_from=" + dir, "model.dim=32"}), train::RecipeError);
+}

@@ -37,7 +37,8 @@ std::string attention_kernel_unavailable(AttentionKernel kernel);
 std::vector<AttentionKernel> available_attention_kernels();
 
 // Causal multi-head attention with the given kernel (throws c10::Error when it is unavailable).
-// q, k, v: (B, H, T, dh) -> (B, H, T, dh)
+// q: (B, H, T, dh), k, v: (B, H, S, dh) with S >= T -> (B, H, T, dh). The queries sit at the last T
+// of the S positions (S > T after a KV cache), so query i attends to keys 0..S-T+i.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             AttentionKernel kernel = AttentionKernel::explicit_softmax);
 

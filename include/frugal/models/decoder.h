@@ -1,10 +1,13 @@
 // frugal/models/decoder.h — decoder-only language models: Llama and GPT-2, sized from a config.
 //
-// Llama: token embedding, RMSNorm, rotary position embedding (Hugging Face's rotate-half layout),
-// multi-head attention with optional grouped-query heads (explicit softmax or fused sdpa kernels), SwiGLU MLP, tied or untied output head.
-// GPT-2: learned positions, LayerNorm, GELU MLP, biases, tied head. Parameter names follow Hugging
-// Face's (model.layers.0.self_attn.q_proj.weight, ...), so checkpoints map one to one.
-// Every block can run under any checkpointing policy or plan; the head can use the chunked loss.
+// Llama: token embedding, RMSNorm, rotary position embedding (Hugging Face's rotate-half layout;
+// default, linear, llama3 or dynamic-NTK frequencies), multi-head attention with optional
+// grouped-query heads and an explicit head size (explicit softmax or fused sdpa kernels), gated MLP
+// (SiLU or GELU), optional attention and MLP biases, tied or untied output head.
+// GPT-2: learned positions, LayerNorm, GELU MLP (erf or tanh), biases, tied or untied head.
+// Parameter names follow Hugging Face's (model.layers.0.self_attn.q_proj.weight, ...), so
+// checkpoints map one to one. Every block can run under any checkpointing policy or plan; the head
+// can use the chunked loss; logits_with_cache decodes incrementally with a KVCache.
 //
 //   frugal::models::DecoderConfig cfg;  cfg.vocab_size = 4096;  cfg.dim = 256;  cfg.n_layers = 6;
 //   auto model = frugal::models::make_decoder(cfg);
@@ -19,7 +22,9 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "frugal/checkpoint/planner.h"
@@ -27,6 +32,24 @@
 
 namespace frugal {
 namespace models {
+
+// Rotary frequency scaling (Hugging Face's rope_parameters / rope_scaling), llama only.
+//   default: inv_freq[i] = theta^(-2i/hd)
+//   linear:  inv_freq / factor (positions divided by factor)
+//   llama3:  wavelengths longer than original_max_position_embeddings / low_freq_factor divided by
+//            factor, shorter than .../ high_freq_factor kept, smoothly interpolated between
+//   dynamic: default while positions stay below max_seq_len; beyond it NTK's theta growth, which
+//            Hugging Face applies statefully, so frugal refuses it there
+struct RopeScaling {
+  std::string type = "default";  // default, linear, llama3, dynamic
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 0;         // llama3 (required), dynamic (0: max_seq_len)
+  bool operator==(const RopeScaling& o) const {
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor && original_max_position_embeddings == o.original_max_position_embeddings;
+  }
+};
 
 struct DecoderConfig {
   std::string arch = "llama";  // "llama" or "gpt2"
@@ -40,27 +63,45 @@ struct DecoderConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
+  int64_t explicit_head_dim = 0;  // llama: Hugging Face's head_dim when set (0: dim / n_heads)
+  RopeScaling rope_scaling;       // llama
+  // The MLP's activation: "silu", "gelu" (erf) or "gelu_tanh" (tanh approximation: Hugging Face's
+  // gelu_new and gelu_pytorch_tanh); "" is the arch's own: silu for llama, erf gelu for gpt2 (what
+  // frugal's recipes have always run; a GPT-2 config.json without activation_function is gelu_tanh).
+  std::string activation;
+  bool attention_bias = false;  // llama: q, k, v, o projections carry biases (gpt2 always has them)
+  bool mlp_bias = false;        // llama: gate, up, down projections carry biases
+  // The file's largest dropout probability and the field that holds it (eval and generation run
+  // without dropout; training refuses a nonzero one unless the recipe says model.ignore_dropout).
+  double dropout = 0.0;
+  std::string dropout_field;
+  // The dtype the checkpoint's config declares (torch_dtype / dtype), if any: the parameter dtype
+  // load_hf_checkpoint uses when its caller names none.
+  std::optional<at::ScalarType> file_dtype;
+  // Fields of a Hugging Face config.json that do not change the computation (token ids,
+  // architectures, dropout probabilities, ...), key -> JSON text, written back as they came.
+  std::vector<std::pair<std::string, std::string>> hf_passthrough;
   // How attention is computed (attention.h); not part of the weights or a Hugging Face config.
   AttentionKernel attention = AttentionKernel::explicit_softmax;
 
   // "n_heads must divide dim" style message for the first inconsistency, or empty.
   std::string validate() const;
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
+  // activation with "" resolved by arch: "silu", "gelu" or "gelu_tanh"
+  std::string resolved_activation() const { return !activation.empty() ? activation : arch == "gpt2" ? "gelu" : "silu"; }
   int64_t param_count() const;
 };
-
-// ---- KV cache interface (the model branch's real cache replaces the placeholder behind it) ----
-// What generation carries between calls of logits_with_cache.
-struct KVCache {
-  std::vector<at::Tensor> keys, values;  // per layer: (B, n_kv_heads, T_seen, head_dim) (empty before the first call)
-  int64_t length = 0;                    // positions seen
-};
-// ---- end KV cache interface ----
 
 struct LossOptions {
   TORCH_ARG(bool, chunked) = false;
   TORCH_ARG(int64_t, chunk_size) = 1024;
   TORCH_ARG(int64_t, ignore_index) = -100;
+};
+
+// Keys and values of the positions already seen, per layer, for incremental decoding.
+struct KVCache {
+  std::vector<at::Tensor> keys, values;  // per layer: (B, n_kv_heads, T_seen, head_dim) (empty before the first call)
+  int64_t length = 0;                    // positions seen
 };
 
 class DecoderImpl : public torch::nn::Module {
@@ -83,14 +124,19 @@ class DecoderImpl : public torch::nn::Module {
 
   // tokens: (B, T) -> logits (B, T, vocab)
   at::Tensor logits(const at::Tensor& tokens);
-  // tokens: (B, T) at positions cache.length .. -> logits (B, T, vocab) in fp32; appends to the cache.
-  // No autograd, no checkpointing. (PLACEHOLDER in this branch: see decoder.cpp.)
+  // tokens: (B, T) at positions cache.length .. cache.length+T-1 -> logits (B, T, vocab) in fp32;
+  // appends those positions' keys and values to the cache. Runs without autograd and without checkpointing.
+  //   models::KVCache cache;
+  //   at::Tensor first = model->logits_with_cache(prompt, cache);        // (B, T, V), cache.length = T
+  //   at::Tensor next = model->logits_with_cache(last_token, cache);     // (B, 1, V) at position T
   at::Tensor logits_with_cache(const at::Tensor& tokens, KVCache& cache);
   // Mean cross-entropy of predicting targets (B, T) (ignore_index skipped).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {});
 
  protected:
   explicit DecoderImpl(DecoderConfig config) : config_(std::move(config)) {}
+  // tokens: (B, T) at positions cache.length.. -> final hidden states (B, T, dim), the cache extended
+  virtual at::Tensor hidden_states_with_cache(const at::Tensor& tokens, KVCache& cache) = 0;
   // Runs the blocks over x (B, T, dim) as the policy or plan says.
   at::Tensor run_blocks(const at::Tensor& x);
 
@@ -121,6 +167,10 @@ TORCH_MODULE(RMSNorm);
 
 // q, k: (B, H, T, hd) rotated by position (rotate-half layout); positions 0..T-1.
 std::pair<at::Tensor, at::Tensor> apply_rotary(const at::Tensor& q, const at::Tensor& k, double theta);
+// The rotary inverse frequencies (hd / 2) for head size hd, base theta and scaling, in fp32; `end`
+// is one past the last position the tables will serve (dynamic scaling refuses end > max_seq_len).
+at::Tensor rotary_inv_freq(int64_t hd, double theta, const RopeScaling& scaling, int64_t max_seq_len, int64_t end,
+                           const at::TensorOptions& options = {});
 
 }  // namespace models
 }  // namespace frugal

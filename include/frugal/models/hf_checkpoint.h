@@ -21,8 +21,15 @@
 namespace frugal {
 namespace models {
 
-// Throws std::invalid_argument naming the file and the key for missing or bad values.
+// The model a config.json defines (model_type llama or gpt2). Every field that changes the
+// computation is honoured (sizes, head_dim, rope_theta, rope_parameters / rope_scaling of types
+// default, linear, llama3 and dynamic, norm epsilons, hidden_act / activation_function, biases, tied
+// embeddings, the dtype) or refused; fields that do not (ids, dropout, bookkeeping) are kept in
+// hf_passthrough. Throws std::invalid_argument naming the file, the field and its value for a
+// missing, bad, unsupported or unknown field.
 DecoderConfig read_hf_config(const std::string& config_json_path);
+// The config.json transformers (4.x and 5) reads back to the same computation: every honoured
+// field written out (rope parameters in both layouts), then the config's hf_passthrough fields.
 std::string hf_config_json(const DecoderConfig& config, const std::string& torch_dtype = "float32");
 
 // Copies the weights in the folder into the model (converting dtype). Throws std::invalid_argument
@@ -36,7 +43,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_parameter_shapes(co
 // Checks the folder's weight headers hold every parameter the config implies, with its shape,
 // reading no data: a config's sizes are claims, checked before a model of that size is built.
 void check_hf_weights(const DecoderConfig& config, const std::string& dir);
-// read_hf_config, check_hf_weights, make_decoder and load_hf_weights in one.
+// read_hf_config, check_hf_weights, make_decoder and load_hf_weights in one. Parameters take
+// options' dtype, or the file's (torch_dtype / dtype) when options name none, or fp32.
 Decoder load_hf_checkpoint(const std::string& dir, const at::TensorOptions& options = {});
 
 // Writes config.json and the weights, sharded when they exceed max_shard_bytes (0: one file).

@@ -48,7 +48,15 @@ struct Recipe {
   models::DecoderConfig model;           // model.vocab_size 0: take it from the tokenizer
   at::ScalarType dtype = at::kFloat;     // model.dtype: fp32 or bf16 (dtype_name / parse_dtype)
   ComputeDtype compute_dtype = ComputeDtype::fp32;  // model.compute_dtype: fp32, bf16 or auto (resolve_compute_dtype)
-  std::string init_from;                 // a Hugging Face checkpoint folder to fine-tune from ("" = random init)
+  // A Hugging Face checkpoint folder to fine-tune from ("" = random init). Its config.json defines
+  // the model: load_recipe resolves `model` from it (resolve_model_config), and an architecture
+  // key the recipe set explicitly that contradicts the file is a RecipeError naming both values.
+  std::string init_from;
+  bool ignore_dropout = false;           // model.ignore_dropout: train without the init_from file's dropout
+  // The model.* keys the YAML or an override set (the rest took their defaults), and where each
+  // architecture key's value came from: "file" (init_from's config.json), "recipe" or "default".
+  std::vector<std::string> explicit_model_keys;
+  std::vector<std::pair<std::string, std::string>> model_sources;
   // data
   std::string corpus;                    // a text file or folder
   // The data files follow train.out_dir: left empty ("") in the YAML, load_recipe sets them to
@@ -96,11 +104,28 @@ std::optional<at::ScalarType> parse_dtype(const std::string& name);
 // short reason ("this CPU has AVX512-BF16"). Autocast is on when this differs from model.dtype.
 at::ScalarType resolve_compute_dtype(const Recipe& recipe, std::string* why = nullptr);
 
-// Reads the YAML file, applies key=value overrides, validates. Throws RecipeError.
+// The architecture keys (model.arch, model.vocab_size, model.dim, ...) that a checkpoint's config.json fixes.
+const std::vector<std::string>& architecture_keys();
+// The model the recipe trains: with init_from, the folder's config.json (every field, with the
+// recipe's model.attention), each architecture key the recipe set explicitly checked against it;
+// without, the recipe's model. Throws RecipeError for a contradiction, an unreadable or refused
+// config.json, or a nonzero dropout in it without model.ignore_dropout.
+struct ResolvedModel {
+  models::DecoderConfig config;
+  std::vector<std::pair<std::string, std::string>> sources;  // architecture key -> "file", "recipe" or "default"
+};
+ResolvedModel resolve_model_config(const Recipe& recipe);
+
+// Reads the YAML file, applies key=value overrides, resolves the model (resolve_model_config),
+// validates. Throws RecipeError.
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
 // The same from YAML text (path names the source in messages).
 Recipe parse_recipe(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides = {});
 std::string recipe_to_yaml(const Recipe& recipe);
+// One key's value as recipe_to_yaml writes it ("model.dim" -> "256"); RecipeError for an unknown key.
+std::string recipe_value(const Recipe& recipe, const std::string& key);
+// A number as recipes write it (10 significant digits, no trailing zeros: 4, 1e-05).
+std::string recipe_number(double value);
 // Every key, as "section.key".
 std::vector<std::string> recipe_keys();
 // Every key with what it takes, its default (the value when a recipe leaves it out) and one line of meaning.
