@@ -2,6 +2,7 @@
 // (tests/data/make_tokenizer_fixtures.py wrote the fixtures and expected_ids.json), malformed files,
 // invalid UTF-8, and speed on a 1 MB line.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
@@ -9,6 +10,8 @@
 #include <sstream>
 
 #include "frugal/data/hf_tokenizer.h"
+#include "frugal/data/tokenizer.h"
+#include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json_value.h"
 
@@ -156,4 +159,96 @@ TEST(HfTokenizer, SpecialTokensAreRecognisedAndSkippedWhenDecoding) {
   EXPECT_EQ(ids.back(), 2);
   EXPECT_EQ(tok.decode(ids), "Hi");
   EXPECT_THROW(tok.decode({static_cast<int32_t>(tok.vocab_size())}), std::invalid_argument);
+}
+
+// ---- data::Tokenizer over both kinds, and model folders ----
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/frugal_hf_" + name;
+  ::mkdir(d.c_str(), 0755);
+  return d;
+}
+
+const std::vector<std::string>& hard_strings() {
+  static const std::vector<std::string> v = {
+      "", "Hello world", " leading space", "  two leading", "trailing  ", "runs     of      spaces", "tabs\tand\t\ttabs",
+      "new\nlines\n\n\n", "crlf\r\nline\r\n", "emoji 😀🎉👍🏽", "CJK 日本語 中文", "combining e\xCC\x81 a\xCC\x88", "numbers 1234567 3.14",
+      "\xE2\x96\x81metaspace", "\n", " ", "unseen ꙮ 𝔘", "the cat sat on the mat."};
+  return v;
+}
+
+}  // namespace
+
+TEST(HfTokenizerFolder, SaveAndLoadFolderKeepTheIdsAndSpecialTokens) {
+  for (const char* name : {"gpt2", "llama3", "llama2"}) {
+    const Tokenizer tok = Tokenizer::load(fixture(std::string(name) + ".json"));
+    const std::string d = temp_dir(std::string("folder_") + name);
+    tok.save_folder(d);
+    EXPECT_TRUE(Tokenizer::folder_has_tokenizer(d));
+    const Tokenizer back = Tokenizer::load_folder(d);
+    EXPECT_EQ(back.vocab_size(), tok.vocab_size());
+    EXPECT_EQ(back.bos_id(), tok.bos_id()) << name;
+    EXPECT_EQ(back.eos_id(), tok.eos_id()) << name;
+    EXPECT_EQ(back.add_bos(), tok.add_bos()) << name;
+    for (const auto& s : hard_strings()) {
+      EXPECT_EQ(back.encode(s), tok.encode(s)) << name;
+      EXPECT_EQ(back.encode(s, true), tok.encode(s, true)) << name;
+    }
+  }
+  const Tokenizer l2 = Tokenizer::load(fixture("llama2.json"));
+  EXPECT_EQ(l2.bos_id(), 1);
+  EXPECT_EQ(l2.eos_id(), 2);
+  EXPECT_TRUE(l2.add_bos());
+  EXPECT_EQ(l2.encode("Hi", true).front(), 1);
+}
+
+TEST(HfTokenizerFolder, TokenizerConfigIsHonouredAndCheckedByName) {
+  const std::string d = temp_dir("config");
+  Tokenizer::load(fixture("llama2.json")).save_folder(d);
+  frugal::io::write_file_atomic(d + "/tokenizer_config.json", R"({"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": false, "add_eos_token": true})");
+  const Tokenizer t = Tokenizer::load_folder(d);
+  EXPECT_FALSE(t.add_bos());
+  EXPECT_TRUE(t.add_eos());
+  const auto ids = t.encode("Hi", true);
+  EXPECT_NE(ids.front(), 1);
+  EXPECT_EQ(ids.back(), 2);
+  frugal::io::write_file_atomic(d + "/tokenizer_config.json", R"({"eos_token": "<nope>"})");
+  try {
+    Tokenizer::load_folder(d);
+    ADD_FAILURE() << "accepted an eos_token outside the vocabulary";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: eos_token '<nope>'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(Tokenizer::folder_has_tokenizer(temp_dir("empty")));
+  EXPECT_THROW(Tokenizer::load_folder(temp_dir("empty")), std::invalid_argument);
+}
+
+// frugal's own SentencePiece tokenizers keep whitespace (identity normalization), and the
+// tokenizer.json save_folder writes for them gives SentencePiece's ids on hard strings (transformers
+// 5.23's AutoTokenizer reads that file to the same ids; its own conversion of a bare tokenizer.model
+// differs on leading spaces, hence the file).
+TEST(HfTokenizerFolder, ATrainedSentencePieceModelSavesAsAnEqualTokenizerJson) {
+  const std::string d = temp_dir("spm");
+  std::vector<std::string> docs;
+  const char* lines[] = {"the cat sat on the mat.", "  indented  code\tline", "日本語 text 123", "Hello world, hello tokens."};
+  for (int i = 0; i < 300; ++i) docs.push_back(std::string(lines[i % 4]) + " " + std::to_string(i));
+  train_tokenizer(docs, d + "/tok", TokenizerTrainOptions().vocab_size(400));
+  const Tokenizer spm = Tokenizer::load(d + "/tok.model");
+  EXPECT_EQ(spm.decode(spm.encode("a  b\t\tc")), "a  b\t\tc");  // whitespace kept as it is
+  const std::string folder = d + "/model";
+  spm.save_folder(folder);
+  ASSERT_TRUE(frugal::io::path_exists(folder + "/tokenizer.json"));
+  ASSERT_TRUE(frugal::io::path_exists(folder + "/tokenizer.model"));
+  const Tokenizer json = Tokenizer::load_folder(folder);
+  EXPECT_EQ(json.vocab_size(), spm.vocab_size());
+  EXPECT_EQ(json.bos_id(), spm.bos_id());
+  EXPECT_EQ(json.eos_id(), spm.eos_id());
+  EXPECT_NE(json.fingerprint(), spm.fingerprint());
+  for (const auto& s : hard_strings()) {
+    EXPECT_EQ(json.encode(s), spm.encode(s)) << "'" << s << "'";
+    EXPECT_EQ(json.encode(s, true), spm.encode(s, true)) << "'" << s << "'";
+    EXPECT_EQ(json.decode(spm.encode(s)), spm.decode(spm.encode(s))) << "'" << s << "'";
+  }
+  EXPECT_THROW(spm.encode("bad \xFF"), std::invalid_argument);
 }
