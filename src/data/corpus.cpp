@@ -241,6 +241,7 @@ class DocumentEncoder {
       out_.take_back_to(document_start_);
     }
     pending_.clear();
+    continued_ = false;
     document_start_ = out_.count();
   }
   int64_t documents() const { return documents_; }
@@ -248,7 +249,9 @@ class DocumentEncoder {
  private:
   size_t encode_piece(size_t pos) {  // pending_ holds more than piece_bytes_ from pos
     size_t end = pos + piece_bytes_;
-    const size_t cut = pending_.find_last_of(" \t\r\n", end);
+    size_t cut = pending_.find_last_of(" \t\r\n", end);
+    // Before the whole run of whitespace: no merge joins a word's end to the space after it.
+    while (cut != std::string::npos && cut > pos && std::strchr(" \t\r\n", pending_[cut - 1])) --cut;
     if (cut != std::string::npos && cut > pos + piece_bytes_ / 2) {
       end = cut;
     } else {
@@ -258,6 +261,9 @@ class DocumentEncoder {
     return end;
   }
   void encode(const char* p, size_t n) {
+    // A later piece of a text: the tokenizer's own word-start mark stands for its first space.
+    if (continued_ && tokenizer_.prepends_space() && n > 0 && *p == ' ') ++p, --n;
+    continued_ = true;
     const auto ids = tokenizer_.encode(std::string(p, n));
     out_.append(ids.data(), ids.size());
   }
@@ -265,6 +271,7 @@ class DocumentEncoder {
   TokenFileWriter& out_;
   size_t piece_bytes_;
   std::string pending_;
+  bool continued_ = false;  // a piece of this document was encoded already
   uint64_t document_start_ = 0;
   int64_t documents_ = 0;
 };

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -148,6 +149,26 @@ Tokenizer Tokenizer::load_json(const std::string& json_path) {
   t.add_bos_ = t.bos_ >= 0 && !prefix.empty() && prefix.front() == t.bos_;
   t.add_eos_ = t.eos_ >= 0 && !t.hf_->suffix_ids().empty() && t.hf_->suffix_ids().back() == t.eos_;
   t.fingerprint_ = fnv1a64("json:" + t.hf_->json());
+  std::function<bool(const io::JsonValue&)> prepends = [&](const io::JsonValue& v) -> bool {
+    if (!v.is_object()) return false;
+    const io::JsonValue* type = v.find("type");
+    const std::string ty = type && type->is_string() ? type->as_string() : "";
+    if (ty == "Prepend") return true;
+    if (ty == "Metaspace") {
+      const io::JsonValue* ps = v.find("prepend_scheme");
+      return ps && ps->is_string() ? ps->as_string() == "always" : true;
+    }
+    for (const char* list : {"normalizers", "pretokenizers"}) {
+      if (const io::JsonValue* l = v.find(list); l && l->is_array()) {
+        for (const auto& x : l->items()) if (prepends(x)) return true;
+      }
+    }
+    return false;
+  };
+  const io::JsonValue root = io::parse_json(t.hf_->json());
+  for (const char* stage : {"normalizer", "pre_tokenizer"}) {
+    if (const io::JsonValue* v = root.find(stage)) t.prepends_space_ = t.prepends_space_ || prepends(*v);
+  }
   return t;
 }
 
@@ -265,6 +286,7 @@ Tokenizer Tokenizer::load_sentencepiece(const std::string& model_path) {
   if (t.eos_ < 0 || t.eos_ >= t.vocab_) throw std::invalid_argument("tokenizer " + model_path + " has no end-of-sequence piece (eos_id)");
   if (t.bos_ >= t.vocab_) t.bos_ = -1;
   t.add_bos_ = t.bos_ >= 0;  // as Llama's
+  t.prepends_space_ = true;  // add_dummy_prefix (with remove_extra_whitespaces, a leading space goes anyway)
   t.spm_bytes_ = io::read_file(model_path);
   t.fingerprint_ = fnv1a64("spm:" + t.spm_bytes_);
   return t;

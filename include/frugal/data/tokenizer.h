@@ -49,6 +49,10 @@ class Tokenizer {
   bool add_bos() const { return add_bos_; }  // whether the model expects BOS before a text
   bool add_eos() const { return add_eos_; }
   const std::string& path() const { return path_; }
+  // Whether every encode call puts a word-start mark in front of the text (SentencePiece's dummy
+  // prefix, a Prepend normalizer, Metaspace "always"): a text cut in pieces before a space then
+  // encodes as a whole when each later piece drops that one space.
+  bool prepends_space() const { return prepends_space_; }
   // A hash of everything that decides the ids (the tokenizer's file(s) and EOS): token files made
   // with another tokenizer are told apart by it.
   const std::string& fingerprint() const { return fingerprint_; }
@@ -59,7 +63,7 @@ class Tokenizer {
   std::string path_, spm_bytes_;  // spm_bytes_: the .model file, for save_folder
   int64_t vocab_ = 0;
   int32_t bos_ = -1, eos_ = -1;
-  bool add_bos_ = false, add_eos_ = false, config_add_special_ = false;
+  bool add_bos_ = false, add_eos_ = false, config_add_special_ = false, prepends_space_ = false;
   std::string fingerprint_;
   static Tokenizer load_sentencepiece(const std::string& model_path);
   static Tokenizer load_json(const std::string& json_path);
