@@ -103,6 +103,10 @@ struct PostProcessor {
 // Adds what `v` puts around a single sequence to `post` (Sequence: each in turn).
 void add_post_processor(const io::JsonValue& v, const std::string& where, PostProcessor& post);
 
+// Whether a SentencePiece model (its .model bytes) puts "▁" in front of every text, whatever the text
+// starts with: add_dummy_prefix, with whitespace escaped and not treated as a suffix.
+bool sentencepiece_prepends_space(const std::string& model_bytes, const std::string& name);
+
 }  // namespace hf
 }  // namespace data
 }  // namespace frugal

@@ -11,6 +11,7 @@
 #include "frugal/data/hf_tokenizer.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json.h"
+#include "hf_pipeline.h"
 
 namespace frugal {
 namespace data {
@@ -68,22 +69,26 @@ struct SpmPiece {
   int type = 1;  // NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4, UNUSED 5, BYTE 6
 };
 
-}  // namespace
-
-std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
-  const std::string bytes = io::read_file(model_path);
-  Reader r{reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size(), &model_path};
+// What the converter and the tokenizer need of a model: its pieces, TrainerSpec's model_type (3),
+// byte_fallback (35), treat_whitespace_as_suffix (24), NormalizerSpec's name (1),
+// precompiled_charsmap (2), add_dummy_prefix (3), remove_extra_whitespaces (4), escape_whitespaces (5).
+struct SpmModel {
   std::vector<SpmPiece> pieces;
   int model_type = 1;
   bool byte_fallback = false, add_dummy_prefix = true, remove_extra_whitespaces = true, escape_whitespaces = true, suffix = false;
   std::string charsmap, norm_name;
+};
+
+SpmModel parse_model(const std::string& bytes, const std::string& name) {
+  Reader r{reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size(), &name};
+  SpmModel m;
   uint32_t field;
   uint64_t number;
   std::string value;
   while (r.next(field, number, value)) {
     if (field == 1) {
       SpmPiece p;
-      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(), &model_path};
+      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(), &name};
       uint32_t f;
       uint64_t n = 0;
       std::string b;
@@ -92,24 +97,47 @@ std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
         else if (f == 2) { const auto v = static_cast<uint32_t>(n); std::memcpy(&p.score, &v, 4); }
         else if (f == 3) p.type = static_cast<int>(n);
       }
-      pieces.push_back(std::move(p));
+      m.pieces.push_back(std::move(p));
     } else if (field == 2 || field == 3) {
-      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(), &model_path};
+      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(), &name};
       uint32_t f;
       uint64_t n = 0;
       std::string b;
       while (sub.next(f, n, b)) {
-        if (field == 2 && f == 3) model_type = static_cast<int>(n);
-        if (field == 2 && f == 35) byte_fallback = n != 0;
-        if (field == 2 && f == 24) suffix = n != 0;
-        if (field == 3 && f == 1) norm_name = b;
-        if (field == 3 && f == 2) charsmap = b;
-        if (field == 3 && f == 3) add_dummy_prefix = n != 0;
-        if (field == 3 && f == 4) remove_extra_whitespaces = n != 0;
-        if (field == 3 && f == 5) escape_whitespaces = n != 0;
+        if (field == 2 && f == 3) m.model_type = static_cast<int>(n);
+        if (field == 2 && f == 35) m.byte_fallback = n != 0;
+        if (field == 2 && f == 24) m.suffix = n != 0;
+        if (field == 3 && f == 1) m.norm_name = b;
+        if (field == 3 && f == 2) m.charsmap = b;
+        if (field == 3 && f == 3) m.add_dummy_prefix = n != 0;
+        if (field == 3 && f == 4) m.remove_extra_whitespaces = n != 0;
+        if (field == 3 && f == 5) m.escape_whitespaces = n != 0;
       }
     }
   }
+  return m;
+}
+
+}  // namespace
+
+namespace hf {
+
+bool sentencepiece_prepends_space(const std::string& model_bytes, const std::string& name) {
+  const SpmModel m = parse_model(model_bytes, name);
+  return m.add_dummy_prefix && m.escape_whitespaces && !m.suffix;
+}
+
+}  // namespace hf
+
+std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
+  const std::string bytes = io::read_file(model_path);
+  SpmModel model = parse_model(bytes, model_path);
+  std::vector<SpmPiece>& pieces = model.pieces;
+  const int model_type = model.model_type;
+  const bool byte_fallback = model.byte_fallback, add_dummy_prefix = model.add_dummy_prefix,
+             remove_extra_whitespaces = model.remove_extra_whitespaces, escape_whitespaces = model.escape_whitespaces,
+             suffix = model.suffix;
+  const std::string &charsmap = model.charsmap, &norm_name = model.norm_name;
   auto refuse = [&](const std::string& why) -> void {
     throw std::invalid_argument("tokenizer " + model_path + " cannot be written as tokenizer.json: " + why);
   };

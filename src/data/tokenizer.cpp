@@ -154,10 +154,8 @@ Tokenizer Tokenizer::load_json(const std::string& json_path) {
     const io::JsonValue* type = v.find("type");
     const std::string ty = type && type->is_string() ? type->as_string() : "";
     if (ty == "Prepend") return true;
-    if (ty == "Metaspace") {
-      const io::JsonValue* ps = v.find("prepend_scheme");
-      return ps && ps->is_string() ? ps->as_string() == "always" : true;
-    }
+    // Metaspace is not one: it adds its mark only to a text that does not start with one already
+    // (" word" and "word" both give "▁word", as in `tokenizers`), so a later piece keeps its space.
     for (const char* list : {"normalizers", "pretokenizers"}) {
       if (const io::JsonValue* l = v.find(list); l && l->is_array()) {
         for (const auto& x : l->items()) if (prepends(x)) return true;
@@ -286,8 +284,9 @@ Tokenizer Tokenizer::load_sentencepiece(const std::string& model_path) {
   if (t.eos_ < 0 || t.eos_ >= t.vocab_) throw std::invalid_argument("tokenizer " + model_path + " has no end-of-sequence piece (eos_id)");
   if (t.bos_ >= t.vocab_) t.bos_ = -1;
   t.add_bos_ = t.bos_ >= 0;  // as Llama's
-  t.prepends_space_ = true;  // add_dummy_prefix (with remove_extra_whitespaces, a leading space goes anyway)
   t.spm_bytes_ = io::read_file(model_path);
+  // add_dummy_prefix (with remove_extra_whitespaces a leading space goes anyway, so dropping one is harmless)
+  t.prepends_space_ = hf::sentencepiece_prepends_space(t.spm_bytes_, model_path);
   t.fingerprint_ = fnv1a64("spm:" + t.spm_bytes_);
   return t;
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "frugal/data/corpus.h"
 #include "frugal/data/hf_tokenizer.h"
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/atomic_file.h"
@@ -251,4 +252,38 @@ TEST(HfTokenizerFolder, ATrainedSentencePieceModelSavesAsAnEqualTokenizerJson) {
     EXPECT_EQ(json.decode(spm.encode(s)), spm.decode(spm.encode(s))) << "'" << s << "'";
   }
   EXPECT_THROW(spm.encode("bad \xFF"), std::invalid_argument);
+}
+
+// A long text is tokenized in pieces (tokenize_documents' piece_bytes): whatever whitespace lies
+// between its words (runs of spaces, newlines, tabs, CRLF, a space after a newline), the pieces'
+// ids are the whole text's, for each kind of tokenizer: regex pre-tokenizers (GPT-2, Llama-3), a
+// Prepend normalizer (Llama-2), Metaspace (Mistral), SentencePiece and its saved tokenizer.json.
+TEST(HfTokenizerPieces, ALongTextCutInPiecesGivesTheWholeTextsIds) {
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "\xC3\xA9t\xC3\xA9", "\xE6\x97\xA5\xE6\x9C\xAC", "code();", "42", "don't"};
+  const char* gaps[] = {" ", "  ", "\n", " \n", "\t", "\n  ", "   ", "\r\n", ", ", " \t ", "\n\n", ". "};
+  std::string text;
+  for (uint32_t i = 0, x = 7; text.size() < 30000; ++i) {
+    x = x * 1664525u + 1013904223u;
+    text += words[(x >> 16) % 11];
+    text += gaps[(x >> 8) % 12];
+  }
+  std::vector<std::string> docs;
+  for (int i = 0; i < 200; ++i) docs.push_back(text.substr(static_cast<size_t>(i) * 97, 400));
+  const std::string d = temp_dir("pieces");
+  train_tokenizer(docs, d + "/tok", TokenizerTrainOptions().vocab_size(400));
+  const Tokenizer spm = Tokenizer::load(d + "/tok.model");
+  spm.save_folder(d + "/model");
+  std::vector<std::pair<std::string, Tokenizer>> tokenizers = {{"sentencepiece", spm}, {"its tokenizer.json", Tokenizer::load_folder(d + "/model")}};
+  for (const char* name : {"gpt2", "llama3", "llama2", "mistral"}) tokenizers.emplace_back(name, Tokenizer::load(fixture(std::string(name) + ".json")));
+  for (const auto& [name, tok] : tokenizers) {
+    std::vector<int32_t> want = tok.encode(text);
+    want.push_back(tok.eos_id());
+    for (size_t piece : {size_t(1000), size_t(777)}) {
+      const std::string path = d + "/t.tokens";
+      ASSERT_EQ(tokenize_documents({text}, tok, path, piece), static_cast<int64_t>(want.size())) << name << ", piece_bytes " << piece;
+      const TokenFile f(path);
+      const int32_t* p = f.tokens().data_ptr<int32_t>();
+      EXPECT_TRUE(std::vector<int32_t>(p, p + f.size()) == want) << name << ", piece_bytes " << piece;
+    }
+  }
 }

@@ -49,9 +49,10 @@ class Tokenizer {
   bool add_bos() const { return add_bos_; }  // whether the model expects BOS before a text
   bool add_eos() const { return add_eos_; }
   const std::string& path() const { return path_; }
-  // Whether every encode call puts a word-start mark in front of the text (SentencePiece's dummy
-  // prefix, a Prepend normalizer, Metaspace "always"): a text cut in pieces before a space then
-  // encodes as a whole when each later piece drops that one space.
+  // Whether every encode call puts a word-start mark in front of the text, whatever it starts with
+  // (SentencePiece's dummy prefix, a Prepend normalizer; not Metaspace, which adds none to a text
+  // starting with a space): a text cut in pieces before a space then encodes as a whole when each
+  // later piece drops that one space.
   bool prepends_space() const { return prepends_space_; }
   // A hash of everything that decides the ids (the tokenizer's file(s) and EOS): token files made
   // with another tokenizer are told apart by it.
