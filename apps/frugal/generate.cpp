@@ -40,7 +40,7 @@ int run_generate(int argc, char** argv) {
   data::Tokenizer tok;
   try {
     model = models::load_hf_checkpoint(step_dir);  // the config's sizes checked against the weights first
-    tok = data::Tokenizer::load(step_dir + "/tokenizer.model");
+    tok = data::Tokenizer::load_folder(step_dir);  // tokenizer.json or tokenizer.model, and tokenizer_config.json
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
