@@ -13,6 +13,8 @@ packages=(
   pkg-config
   libsentencepiece-dev  # tokenizers (Llama's tokenizer.model format)
   libyaml-cpp-dev       # training recipes
+  libpcre2-dev          # tokenizer.json's pre-tokenizer regexes, as written (\p{L}, \p{N}, lookahead)
+  libutf8proc-dev       # tokenizer.json's NFC / NFKC normalizers
   fortunes              # the default recipe's corpus (/usr/share/games/fortunes)
   chromium              # headless, for the HTML report's browser test (tests/apps/report_browser_test.sh)
   fonts-dejavu-core     # the report's font, so the browser test's screenshots show text

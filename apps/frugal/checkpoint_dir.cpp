@@ -27,11 +27,11 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
   return step_dir;
 }
 
-// The one place that decides which tokenizer file a checkpoint folder uses. MERGE: switch to
-// data::Tokenizer::load_folder(dir) (tokenizer.json or tokenizer.model + tokenizer_config.json).
+// The one place that decides which tokenizer a checkpoint folder uses: tokenizer.json or
+// tokenizer.model with tokenizer_config.json (data::Tokenizer::load_folder); none when it has neither.
 std::optional<data::Tokenizer> load_checkpoint_tokenizer(const std::string& dir) {
-  if (!io::path_exists(dir + "/tokenizer.model")) return std::nullopt;
-  return data::Tokenizer::load(dir + "/tokenizer.model");
+  if (!data::Tokenizer::folder_has_tokenizer(dir)) return std::nullopt;
+  return data::Tokenizer::load_folder(dir);
 }
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {

@@ -3,8 +3,8 @@
 //   frugal eval --checkpoint hf-dir --tokens ids.txt --seq-len 128 --json-out eval.json --logits-out logits.safetensors
 //   frugal eval --checkpoint hf-dir --jsonl docs.jsonl --dtype bf16
 // Inputs: --text FILE (the whole file one document), --jsonl FILE (one {"text": ...} object per line,
-// each line its own document), both encoded with the checkpoint's tokenizer with BOS first when it
-// has one; or --tokens FILE: a frugal token file ("FRUGALTK" header, data/corpus.h) or a text file
+// each line its own document), both encoded with the checkpoint's tokenizer as transformers' tokenizer(text)
+// encodes them (BOS first when the tokenizer adds one); or --tokens FILE: a frugal token file ("FRUGALTK" header, data/corpus.h) or a text file
 // of ids ("1 2 3", "1,2,3" or a JSON list), taken as one document as it is (no BOS added).
 // Each document is cut into non-overlapping --seq-len windows and scored as models/evaluate.h says:
 // the mean loss is over every predicted token (id t+1 from ids 0..t of its window), as transformers
@@ -28,10 +28,9 @@ namespace frugal {
 namespace cli {
 namespace {
 
+// As transformers' tokenizer(text): BOS first (and EOS last) when the tokenizer adds them.
 std::vector<int32_t> encode_document(const data::Tokenizer& tok, const std::string& text) {
-  std::vector<int32_t> ids = tok.encode(text);
-  if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
-  return ids;
+  return tok.encode(text, /*add_special_tokens=*/true);
 }
 
 // The documents of --jsonl: one JSON object with a string "text" per non-empty line.

@@ -1,5 +1,9 @@
-// frugal tokenizer — train a SentencePiece tokenizer on a corpus, or encode text with one.
+// frugal tokenizer — train a SentencePiece tokenizer on a corpus, or encode text with a tokenizer
+// (a SentencePiece .model, a tokenizer.json or a model folder).
 #include <iostream>
+
+#include "frugal/io/files.h"
+#include "frugal/io/json.h"
 
 #include "args.h"
 #include "commands.h"
@@ -12,11 +16,13 @@ namespace {
 
 const char* kUsage =
     "usage: frugal tokenizer train CORPUS --out PREFIX [--vocab-size N] [--model-type bpe|unigram]\n"
-    "       frugal tokenizer encode MODEL TEXT\n"
+    "       frugal tokenizer encode TOKENIZER (TEXT | --text-file F) [--json] [--add-special-tokens]\n"
     "\n"
     "train: a SentencePiece model (Llama's tokenizer.model format) on a text file or folder; writes\n"
     "       PREFIX.model and PREFIX.vocab.\n"
-    "encode: print the ids of TEXT, then the text decoded back.\n";
+    "encode: print the ids of TEXT, then the text decoded back. TOKENIZER is a .model, a tokenizer.json or\n"
+    "       a model folder (tokenizer.json or tokenizer.model, and tokenizer_config.json); --text-file reads\n"
+    "       the file's exact bytes; --json prints {\"ids\": [...], \"decoded\": ...} on one line.\n";
 
 }  // namespace
 
@@ -49,18 +55,35 @@ int run_tokenizer(int argc, char** argv) {
     return 0;
   }
   if (action == "encode") {
-    std::string model, text;
-    Args args("tokenizer encode", "Encode text with a SentencePiece model and decode it back.");
-    args.add_positional("MODEL", &model, "a .model file");
-    args.add_positional("TEXT", &text, "the text");
+    std::string model, text_file;
+    std::vector<std::string> rest;
+    bool json = false, add_special = false;
+    Args args("tokenizer encode", "Encode text with a tokenizer and decode it back.");
+    args.add_positional("TOKENIZER", &model, "a .model file, a tokenizer.json or a model folder");
+    args.add_string("text-file", &text_file, "read the text from this file (its exact bytes)", "FILE");
+    args.add_flag("json", &json, "print {\"ids\": [...], \"decoded\": ...} on one line");
+    args.add_flag("add-special-tokens", &add_special, "add BOS (and EOS) as the model's tokenizer does");
+    args.add_rest(&rest, "TEXT");
     if (!args.parse(argc, argv, 3)) return 0;
+    if (rest.size() + (text_file.empty() ? 0 : 1) != 1) throw UsageError("tokenizer encode needs the text: one TEXT argument or --text-file");
     data::Tokenizer tok;
+    std::string text;
+    std::vector<int32_t> ids;
     try {
       tok = data::Tokenizer::load(model);
+      text = text_file.empty() ? rest[0] : io::read_file(text_file);
+      ids = tok.encode(text, add_special);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    const auto ids = tok.encode(text);
+    if (json) {
+      io::JsonWriter w(std::cout, 0);
+      w.begin_object().key("ids").begin_array();
+      for (int32_t id : ids) w.value(static_cast<int64_t>(id));
+      w.end_array().key("decoded").value(tok.decode(ids)).end_object();
+      std::cout << "\n";
+      return 0;
+    }
     for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
     std::cout << "\n" << tok.decode(ids) << "\n";
     return 0;

@@ -217,9 +217,10 @@ class TokenFileWriter {
 };
 
 // Encodes a document as it streams in. One encode call over a long line costs many times its
-// size, so text is encoded in pieces of about piece_bytes: a piece ends before whitespace in its
-// second half (SentencePiece starts each word at a space, so the tokens are those of the whole
-// text), else at a UTF-8 character boundary. Only a piece's worth of text waits at a time.
+// size, so text is encoded in pieces of about piece_bytes: a piece ends before a space that follows
+// a word in its second half (each tokenizer starts a word there, so the tokens are those of the
+// whole text), else inside a run of spaces, else at a UTF-8 character boundary. Only a piece's
+// worth of text waits at a time.
 class DocumentEncoder {
  public:
   DocumentEncoder(const Tokenizer& tokenizer, TokenFileWriter& out, size_t piece_bytes)
@@ -241,6 +242,7 @@ class DocumentEncoder {
       out_.take_back_to(document_start_);
     }
     pending_.clear();
+    continued_ = false;
     document_start_ = out_.count();
   }
   int64_t documents() const { return documents_; }
@@ -248,9 +250,25 @@ class DocumentEncoder {
  private:
   size_t encode_piece(size_t pos) {  // pending_ holds more than piece_bytes_ from pos
     size_t end = pos + piece_bytes_;
-    const size_t cut = pending_.find_last_of(" \t\r\n", end);
-    if (cut != std::string::npos && cut > pos + piece_bytes_ / 2) {
+    // A space right after a word's last character: SentencePiece (and a tokenizer.json with no
+    // pre-tokenizer, Llama-2's) starts a word at a space that follows no space, and a regex
+    // pre-tokenizer (GPT-2's, Llama-3's) starts a token where a run of whitespace begins. Any
+    // other whitespace is no word start for SentencePiece ("a\nb" is one word), and a space after
+    // other whitespace is none for the regexes ("\n  b" splits as "\n ", " b").
+    // Else the last space of a run of spaces in the second half (the regexes give a run's last space
+    // to the word after it; SentencePiece gives the whole text's ids unless it merges spaces), which
+    // beats cutting a word.
+    const size_t half = pos + piece_bytes_ / 2;
+    size_t cut = end, in_run = 0;
+    for (; cut > half; --cut) {
+      if (pending_[cut] != ' ') continue;
+      if (!is_space(pending_[cut - 1])) break;
+      if (!in_run && pending_[cut - 1] == ' ') in_run = cut;
+    }
+    if (cut > half) {
       end = cut;
+    } else if (in_run) {
+      end = in_run;
     } else {
       while (end > pos + 1 && (static_cast<unsigned char>(pending_[end]) & 0xC0) == 0x80) --end;
     }
@@ -258,6 +276,9 @@ class DocumentEncoder {
     return end;
   }
   void encode(const char* p, size_t n) {
+    // A later piece of a text: the tokenizer's own word-start mark stands for its first space.
+    if (continued_ && tokenizer_.prepends_space() && n > 0 && *p == ' ') ++p, --n;
+    continued_ = true;
     const auto ids = tokenizer_.encode(std::string(p, n));
     out_.append(ids.data(), ids.size());
   }
@@ -265,6 +286,7 @@ class DocumentEncoder {
   TokenFileWriter& out_;
   size_t piece_bytes_;
   std::string pending_;
+  bool continued_ = false;  // a piece of this document was encoded already
   uint64_t document_start_ = 0;
   int64_t documents_ = 0;
 };

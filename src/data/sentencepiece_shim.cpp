@@ -68,6 +68,17 @@ void frugal_spm_free_buffer(void* p) { std::free(p); }
 
 int frugal_spm_piece_size(void* handle) { return static_cast<sentencepiece::SentencePieceProcessor*>(handle)->GetPieceSize(); }
 int frugal_spm_bos_id(void* handle) { return static_cast<sentencepiece::SentencePieceProcessor*>(handle)->bos_id(); }
+int frugal_spm_piece_to_id(void* handle, const char* piece) {
+  auto* sp = static_cast<sentencepiece::SentencePieceProcessor*>(handle);
+  const int id = sp->PieceToId(piece);
+  return id == sp->unk_id() && sp->IdToPiece(id) != piece ? -1 : id;
+}
+// Copies the piece (NUL-terminated, cut to len - 1 bytes); returns its full length.
+int frugal_spm_id_to_piece(void* handle, int id, char* out, int len) {
+  const std::string& p = static_cast<sentencepiece::SentencePieceProcessor*>(handle)->IdToPiece(id);
+  set_error(out, len, p);
+  return static_cast<int>(p.size());
+}
 int frugal_spm_eos_id(void* handle) { return static_cast<sentencepiece::SentencePieceProcessor*>(handle)->eos_id(); }
 
 }  // extern "C"

@@ -12,14 +12,21 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
+#include "frugal/data/hf_tokenizer.h"
+#include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
+#include "frugal/io/json.h"
+#include "frugal/io/json_value.h"
+#include "hf_pipeline.h"
 
 extern char** environ;
 
@@ -36,6 +43,8 @@ struct SentencePieceApi {
   int (*piece_size)(void*);
   int (*bos_id)(void*);
   int (*eos_id)(void*);
+  int (*piece_to_id)(void*, const char*);
+  int (*id_to_piece)(void*, int, char*, int);
 };
 
 namespace {
@@ -87,15 +96,169 @@ const SentencePieceApi& api() {
     table.free_buffer = reinterpret_cast<decltype(table.free_buffer)>(sym("frugal_spm_free_buffer"));
     table.piece_size = reinterpret_cast<decltype(table.piece_size)>(sym("frugal_spm_piece_size"));
     table.bos_id = reinterpret_cast<decltype(table.bos_id)>(sym("frugal_spm_bos_id"));
+    table.piece_to_id = reinterpret_cast<decltype(table.piece_to_id)>(sym("frugal_spm_piece_to_id"));
+    table.id_to_piece = reinterpret_cast<decltype(table.id_to_piece)>(sym("frugal_spm_id_to_piece"));
     table.eos_id = reinterpret_cast<decltype(table.eos_id)>(sym("frugal_spm_eos_id"));
   });
   if (!table.eos_id) throw std::runtime_error("cannot load SentencePiece (libfrugal_spm.so): " + error);
   return table;
 }
 
+std::string fnv1a64(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 }  // namespace
 
-Tokenizer Tokenizer::load(const std::string& model_path) {
+Tokenizer Tokenizer::load(const std::string& path) {
+  if (is_directory(path)) return load_folder(path);
+  if (ends_with(path, ".json")) return load_json(path);
+  return load_sentencepiece(path);
+}
+
+Tokenizer Tokenizer::load_json(const std::string& json_path) {
+  Tokenizer t;
+  t.hf_ = std::make_shared<const HfTokenizer>(HfTokenizer::load(json_path));
+  t.path_ = json_path;
+  t.vocab_ = t.hf_->vocab_size();
+  // Without tokenizer_config.json: BOS from the post-processor's template, EOS by its usual names.
+  const auto& prefix = t.hf_->prefix_ids();
+  if (!prefix.empty()) t.bos_ = prefix.front();
+  for (const char* name : {"<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>"}) {
+    if (t.bos_ < 0) t.bos_ = t.hf_->token_to_id(name);
+  }
+  for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "<|im_end|>"}) {
+    if (t.eos_ < 0) t.eos_ = t.hf_->token_to_id(name);
+  }
+  t.add_bos_ = t.bos_ >= 0 && !prefix.empty() && prefix.front() == t.bos_;
+  t.add_eos_ = t.eos_ >= 0 && !t.hf_->suffix_ids().empty() && t.hf_->suffix_ids().back() == t.eos_;
+  t.fingerprint_ = fnv1a64("json:" + t.hf_->json());
+  std::function<bool(const io::JsonValue&)> prepends = [&](const io::JsonValue& v) -> bool {
+    if (!v.is_object()) return false;
+    const io::JsonValue* type = v.find("type");
+    const std::string ty = type && type->is_string() ? type->as_string() : "";
+    if (ty == "Prepend") return true;
+    // Metaspace is not one: it adds its mark only to a text that does not start with one already
+    // (" word" and "word" both give "▁word", as in `tokenizers`), so a later piece keeps its space.
+    for (const char* list : {"normalizers", "pretokenizers"}) {
+      if (const io::JsonValue* l = v.find(list); l && l->is_array()) {
+        for (const auto& x : l->items()) if (prepends(x)) return true;
+      }
+    }
+    return false;
+  };
+  const io::JsonValue root = io::parse_json(t.hf_->json());
+  for (const char* stage : {"normalizer", "pre_tokenizer"}) {
+    if (const io::JsonValue* v = root.find(stage)) t.prepends_space_ = t.prepends_space_ || prepends(*v);
+  }
+  return t;
+}
+
+bool Tokenizer::folder_has_tokenizer(const std::string& dir) {
+  return io::path_exists(dir + "/tokenizer.json") || io::path_exists(dir + "/tokenizer.model");
+}
+
+Tokenizer Tokenizer::load_folder(const std::string& dir) {
+  if (!is_directory(dir)) throw std::invalid_argument("model folder " + dir + " does not exist or is not a folder");
+  Tokenizer t;
+  if (io::path_exists(dir + "/tokenizer.json")) t = load_json(dir + "/tokenizer.json");
+  else if (io::path_exists(dir + "/tokenizer.model")) t = load_sentencepiece(dir + "/tokenizer.model");
+  else throw std::invalid_argument("model folder " + dir + " has no tokenizer (neither tokenizer.json nor tokenizer.model)");
+  const std::string config_path = dir + "/tokenizer_config.json";
+  if (io::path_exists(config_path)) {
+    io::JsonValue config;
+    try {
+      config = io::parse_json(io::read_file(config_path));
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(config_path + " is not valid JSON: " + e.what());
+    }
+    if (!config.is_object()) throw std::invalid_argument(config_path + " must hold a JSON object");
+    auto token = [&](const char* key, int32_t& id) {
+      const io::JsonValue* v = config.find(key);
+      if (!v || v->is_null()) return;
+      const io::JsonValue* content = v->is_object() ? v->find("content") : v;
+      if (!content || !content->is_string()) throw std::invalid_argument(config_path + ": " + key + " must be a token string");
+      id = t.token_id(content->as_string());
+      if (id < 0) throw std::invalid_argument(config_path + ": " + key + " '" + content->as_string() + "' is not in the tokenizer's vocabulary");
+    };
+    token("bos_token", t.bos_);
+    token("eos_token", t.eos_);
+    for (const char* key : {"add_bos_token", "add_eos_token"}) {
+      const io::JsonValue* v = config.find(key);
+      if (!v || v->is_null()) continue;
+      if (!v->is_bool()) throw std::invalid_argument(config_path + ": " + key + " must be true or false");
+      (key[4] == 'b' ? t.add_bos_ : t.add_eos_) = v->as_bool();
+      t.config_add_special_ = true;
+    }
+    if (t.eos_ < 0) throw std::invalid_argument(config_path + " names no eos_token and the tokenizer has none of the usual ones");
+    t.fingerprint_ = fnv1a64(t.fingerprint_ + "|eos=" + std::to_string(t.eos_));
+  }
+  if (t.eos_ < 0) throw std::invalid_argument("tokenizer in " + dir + " has no end-of-sequence token (set eos_token in tokenizer_config.json)");
+  if (t.add_bos_ && t.bos_ < 0) t.add_bos_ = false;
+  if (t.add_eos_ && t.eos_ < 0) t.add_eos_ = false;
+  return t;
+}
+
+std::string Tokenizer::token_text(int32_t id) const {
+  if (hf_) return hf_->id_to_token(id);
+  char buf[512] = {};
+  api().id_to_piece(sp_.get(), id, buf, sizeof(buf));
+  return buf;
+}
+
+int32_t Tokenizer::token_id(const std::string& token) const {
+  if (hf_) return hf_->token_to_id(token);
+  return api().piece_to_id(sp_.get(), token.c_str());
+}
+
+void Tokenizer::save_folder(const std::string& dir) const {
+  io::make_directories(dir);
+  std::string json_text;
+  if (hf_) {
+    json_text = hf_->json();
+  } else {
+    io::write_file_atomic(dir + "/tokenizer.model", spm_bytes_);
+    try {
+      json_text = sentencepiece_to_tokenizer_json(dir + "/tokenizer.model");
+    } catch (const std::invalid_argument&) {
+      json_text.clear();  // not expressible exactly: AutoTokenizer converts tokenizer.model itself
+    }
+  }
+  if (!json_text.empty()) io::write_file_atomic(dir + "/tokenizer.json", json_text);
+  std::ostringstream config;
+  io::JsonWriter w(config);
+  w.begin_object();
+  // PreTrainedTokenizerFast reads tokenizer.json as it is (transformers 5 maps it to TokenizersBackend);
+  // without one, LlamaTokenizer converts tokenizer.model.
+  w.key("tokenizer_class").value(json_text.empty() ? "LlamaTokenizer" : "PreTrainedTokenizerFast");
+  if (bos_ >= 0) w.key("bos_token").value(token_text(bos_));
+  if (eos_ >= 0) w.key("eos_token").value(token_text(eos_));
+  const int32_t unk = token_id("<unk>");
+  if (unk >= 0) w.key("unk_token").value("<unk>");
+  w.key("add_bos_token").value(add_bos_).key("add_eos_token").value(add_eos_);
+  w.key("clean_up_tokenization_spaces").value(false);
+  w.end_object();
+  config << "\n";
+  io::write_file_atomic(dir + "/tokenizer_config.json", config.str());
+}
+
+Tokenizer Tokenizer::load_sentencepiece(const std::string& model_path) {
   // SentencePiece's own messages for these name its stream internals, not the problem.
   struct stat st {};
   if (::stat(model_path.c_str(), &st) != 0) throw std::invalid_argument("tokenizer " + model_path + " does not exist");
@@ -120,10 +283,31 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
   // Documents end with EOS in the token file: without one the ids would fall outside the vocabulary.
   if (t.eos_ < 0 || t.eos_ >= t.vocab_) throw std::invalid_argument("tokenizer " + model_path + " has no end-of-sequence piece (eos_id)");
   if (t.bos_ >= t.vocab_) t.bos_ = -1;
+  t.add_bos_ = t.bos_ >= 0;  // as Llama's
+  t.spm_bytes_ = io::read_file(model_path);
+  // add_dummy_prefix (with remove_extra_whitespaces a leading space goes anyway, so dropping one is harmless)
+  t.prepends_space_ = hf::sentencepiece_prepends_space(t.spm_bytes_, model_path);
+  t.fingerprint_ = fnv1a64("spm:" + t.spm_bytes_);
   return t;
 }
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special_tokens) const {
+  if (hf_ && (!add_special_tokens || !config_add_special_)) return hf_->encode(text, add_special_tokens);
+  std::vector<int32_t> out;
+  if (add_special_tokens && add_bos_) out.push_back(bos_);
+  if (hf_) {
+    const auto ids = hf_->encode(text);
+    out.insert(out.end(), ids.begin(), ids.end());
+  } else {
+    hf::check_utf8(text, "tokenizer: the text");
+    const auto ids = encode_sentencepiece(text);
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+  if (add_special_tokens && add_eos_) out.push_back(eos_);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_sentencepiece(const std::string& text) const {
   const SentencePieceApi& spm = api();
   int* ids = nullptr;
   size_t n = 0;
@@ -137,6 +321,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (hf_) return hf_->decode(ids);
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_) throw std::invalid_argument("tokenizer: id " + std::to_string(id) + " is outside the vocabulary");
   }
@@ -185,6 +370,10 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
                            " --byte_fallback=" + (options.byte_fallback() ? "true" : "false") +
                            " --input_sentence_size=" + std::to_string(options.max_sentences()) +
                            " --shuffle_input_sentence=true --split_digits=true --minloglevel=2"
+                           // Whitespace as Llama's tokenizer keeps it: no NFKC, no collapsing of runs
+                           // of spaces, whitespace-only pieces allowed; "▁" in front of each text.
+                           " --normalization_rule_name=identity --remove_extra_whitespaces=false"
+                           " --allow_whitespace_only_pieces=true --add_dummy_prefix=true --split_by_whitespace=true"
                            " --bos_id=1 --eos_id=2 --unk_id=0 --pad_id=-1 --hard_vocab_limit=false";
   std::string trainer;
   for (const auto& c : helper_candidates("FRUGAL_SPM_TRAIN", "frugal-spm-train")) {

@@ -113,9 +113,9 @@ Generation generate(DecoderImpl& model, const data::Tokenizer& tok, const std::s
     throw std::invalid_argument("tokenizer " + tok.path() + " has " + std::to_string(tok.vocab_size()) +
                                 " pieces, more than the model's vocab_size " + std::to_string(model.config().vocab_size));
   }
-  std::vector<int32_t> ids = tok.encode(prompt);
-  if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());  // a tokenizer may have no BOS piece
-  if (ids.empty()) throw std::invalid_argument("tokenizer " + tok.path() + " has no BOS piece, so the prompt must not be empty");
+  // The prompt as transformers' tokenizer(prompt) gives it: BOS first when the tokenizer adds one.
+  const std::vector<int32_t> ids = tok.encode(prompt, /*add_special_tokens=*/true);
+  if (ids.empty()) throw std::invalid_argument("tokenizer " + tok.path() + " adds no BOS, so the prompt must not be empty");
   if (tok.eos_id() >= 0) {
     std::vector<int32_t> eos = o.eos_ids();
     if (std::find(eos.begin(), eos.end(), tok.eos_id()) == eos.end()) eos.push_back(tok.eos_id());
@@ -124,12 +124,10 @@ Generation generate(DecoderImpl& model, const data::Tokenizer& tok, const std::s
   Generation g = generate_ids(model, ids, o);
   // Decoded alone, the continuation loses the word boundary SentencePiece marks on its first piece
   // ("isto:"); decoded with the prompt it gets it, and the prompt's own decoding is cut off so the
-  // user's prompt is shown exactly as given.
-  const std::ptrdiff_t first = tok.bos_id() >= 0 ? 1 : 0;  // the text starts after the BOS piece, if any
-  const std::vector<int32_t> prompt_ids(ids.begin() + first, ids.end());
-  std::vector<int32_t> all = prompt_ids;
+  // user's prompt is shown exactly as given (decode leaves special tokens such as BOS out).
+  std::vector<int32_t> all = ids;
   all.insert(all.end(), g.tokens.begin(), g.tokens.end());
-  const std::string prompt_text = tok.decode(prompt_ids);
+  const std::string prompt_text = tok.decode(ids);
   const std::string text = tok.decode(all);
   g.text = text.compare(0, prompt_text.size(), prompt_text) == 0 ? prompt + text.substr(prompt_text.size()) : text;
   return g;

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "frugal/data/tokenizer.h"
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json.h"
@@ -126,7 +127,9 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
         .end_object();
     io::write_file_atomic(tmp_dir + "/trainer_state.json", json.str());
     io::write_file_atomic(tmp_dir + "/recipe.yaml", recipe_yaml);
-    if (!tokenizer_path.empty()) io::write_file_atomic(tmp_dir + "/tokenizer.model", io::read_file(tokenizer_path));
+    // The tokenizer as AutoTokenizer reads it back (tokenizer.json, tokenizer.model when there is
+    // one, tokenizer_config.json): the checkpoint is a model folder whole.
+    if (!tokenizer_path.empty()) data::Tokenizer::load(tokenizer_path).save_folder(tmp_dir);
     io::sync_directory(tmp_dir);
     io::remove_tree(final_dir);  // a same-step folder left by an earlier attempt
     if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) throw std::runtime_error("cannot move " + tmp_dir + " into place");

@@ -110,11 +110,22 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     return docs;
   };
   if (p.tokenizer_path.empty()) throw RecipeError("data.tokenizer must be set");
+  // A model fine-tuned from a folder reads its ids with that folder's tokenizer: a new one would
+  // give its embeddings other meanings.
+  if (!r.init_from.empty() && !r.train_tokenizer && data::Tokenizer::folder_has_tokenizer(r.init_from)) {
+    p.tokenizer_path = r.init_from;
+    log("using the tokenizer of " + r.init_from);
+  }
   if (!io::path_exists(p.tokenizer_path)) {
     const std::string suffix = ".model";
     if (p.tokenizer_path.size() <= suffix.size() ||
         p.tokenizer_path.compare(p.tokenizer_path.size() - suffix.size(), suffix.size(), suffix) != 0) {
       throw RecipeError("data.tokenizer " + p.tokenizer_path + " does not exist (and must end in .model to be trained)");
+    }
+    if (!r.init_from.empty() && !r.train_tokenizer) {
+      throw RecipeError("model.init_from " + r.init_from + " has no tokenizer (tokenizer.json or tokenizer.model) and data.tokenizer " +
+                        p.tokenizer_path + " does not exist: give the model's tokenizer as data.tokenizer, or set "
+                        "data.train_tokenizer: true to train a new one (the model's ids then mean other text)");
     }
     const int64_t vocab = r.model.vocab_size > 0 ? r.model.vocab_size : 4096;
     log("training a " + std::to_string(vocab) + "-piece tokenizer into " + p.tokenizer_path);
@@ -128,7 +139,12 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
       throw std::runtime_error("cannot move the trained tokenizer to " + p.tokenizer_path);
     }
   }
-  const data::Tokenizer tok = data::Tokenizer::load(p.tokenizer_path);
+  data::Tokenizer tok;
+  try {
+    tok = data::Tokenizer::load(p.tokenizer_path);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(e.what());
+  }
   p.vocab_size = tok.vocab_size();
   if (!r.init_from.empty()) {
     // The model's vocabulary is the file's; a smaller tokenizer leaves rows unused (padded vocabularies).
@@ -140,10 +156,14 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     throw RecipeError("model.vocab_size " + std::to_string(r.model.vocab_size) + " differs from the tokenizer's " +
                       std::to_string(p.vocab_size) + " (set model.vocab_size=0 to take the tokenizer's)");
   }
+  // The token file records the tokenizer it was made with (<tokens>.tokenizer holds its fingerprint):
+  // a file made with another tokenizer, even one of the same size, is remade.
+  const std::string stamp_path = p.tokens_path + ".tokenizer";
+  const std::string stamp = tok.fingerprint() + "\n";
   bool fresh = !io::path_exists(p.tokens_path);
   if (!fresh) {
     data::TokenFile f(p.tokens_path);
-    fresh = f.vocab_size() != p.vocab_size;
+    fresh = f.vocab_size() != p.vocab_size || !io::path_exists(stamp_path) || io::read_file(stamp_path) != stamp;
     if (fresh) log(p.tokens_path + " was made with another tokenizer: remaking it");
   }
   if (fresh) {
@@ -151,6 +171,7 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     std::vector<std::string>().swap(docs);  // the tokenizer's training copy; tokenizing streams the corpus
     io::make_directories(io::parent_path(p.tokens_path));
     const data::CorpusTokens made = data::tokenize_corpus(r.corpus, tok, p.tokens_path);
+    io::write_file_atomic(stamp_path, stamp);
     log("tokenized " + std::to_string(made.documents) + (made.documents == 1 ? " document" : " documents") + " from " + r.corpus + " into " +
         std::to_string(made.tokens) + " tokens: " + p.tokens_path);
   }

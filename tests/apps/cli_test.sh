@@ -284,7 +284,54 @@ for i in $(seq 1 50); do printf 'line %d of some text about cats and dogs\n%%\n'
 expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t2" --vocab-size 300
 expect 0 "cats" -- tokenizer encode "$tmp/t2.model" "cats and dogs"
 expect 2 "tokenizer $tmp/corpus/f is not a SentencePiece model (its bytes do not parse as one)" -- tokenizer encode "$tmp/corpus/f" "x"
-expect 2 "is a folder, not a SentencePiece model file" -- tokenizer encode "$tmp/corpus" "x"
+# A folder is a model folder now (tokenizer.json or tokenizer.model): one without a tokenizer is named so.
+expect 2 "model folder $tmp/corpus has no tokenizer (neither tokenizer.json nor tokenizer.model)" -- tokenizer encode "$tmp/corpus" "x"
+
+# tokenizer encode: a tokenizer.json and a folder holding it give the `tokenizers` library's ids
+# (tests/data/fixtures/expected_ids.json); --text-file reads the file's exact bytes (trailing
+# newlines, CRLF); --json is one line; --add-special-tokens adds BOS; a checkpoint folder (tokenizer.json
+# written beside tokenizer.model) gives the .model's ids; the user's mistakes are exit 2, one line.
+fixtures="$(cd "$(dirname "$0")/../data/fixtures" && pwd)"
+mkdir -p "$tmp/l2folder" && cp "$fixtures/llama2.json" "$tmp/l2folder/tokenizer.json"
+if python3 - "$frugal" "$fixtures" "$tmp" <<'PY'
+import json, subprocess, sys
+frugal, fixtures, tmp = sys.argv[1:4]
+def encode(tok, text, *flags):
+    path = f"{tmp}/text.txt"
+    open(path, "wb").write(text.encode("utf-8"))
+    out = subprocess.run([frugal, "tokenizer", "encode", tok, "--text-file", path, "--json", *flags], capture_output=True, check=True).stdout
+    assert out.count(b"\n") == 1 and out.endswith(b"\n"), out
+    return json.loads(out)
+expected = json.load(open(f"{fixtures}/expected_ids.json"))
+n = 0
+for name in ["gpt2", "llama3", "llama2", "mistral"]:
+    for case in expected[name]["cases"]:
+        for tok in [f"{fixtures}/{name}.json"] + ([f"{tmp}/l2folder"] if name == "llama2" else []):
+            got = encode(tok, case["text"])
+            assert got["ids"] == case["ids"], (tok, case["text"], got["ids"], case["ids"])
+            # decoded as the library does it, where no special token is left out
+            assert "<" in case["text"] or got["decoded"] == case["decoded"], (tok, case, got)
+            if name in ("llama2", "llama3"):
+                assert encode(tok, case["text"], "--add-special-tokens")["ids"] == case["ids_with_special"], (tok, case["text"])
+            n += 1
+# A checkpoint folder (tokenizer.json from the trained .model) and the .model itself: the same ids.
+for text in ["", " leading", "a  b\t\tc", "new\nlines\n\n", "crlf\r\n", "A fool 😀 日本", "  "]:
+    a, b = encode(f"{tmp}/straight/step-00000300", text, "--add-special-tokens"), encode(f"{tmp}/tok.model", text, "--add-special-tokens")
+    assert a == b, (text, a, b)
+    n += 1
+print(f"  tokenizer encode --json: {n} texts as expected")
+PY
+then pass=$((pass + 1)); else echo "FAIL: tokenizer encode --json against the fixtures' ids"; failed=$((failed + 1)); fi
+expect 0 "^{\"ids\": \[1, " -- tokenizer encode "$tmp/l2folder" --json --add-special-tokens "Hello world"
+printf 'bad \xff byte' > "$tmp/bad-utf8.txt"
+expect 2 "tokenizer: the text is not valid UTF-8 (at byte 4)" -- tokenizer encode "$fixtures/gpt2.json" --text-file "$tmp/bad-utf8.txt"
+expect 2 "tokenizer: the text is not valid UTF-8 (at byte 4)" -- tokenizer encode "$tmp/t2.model" --text-file "$tmp/bad-utf8.txt" --json
+expect 2 "tokenizer encode needs the text: one TEXT argument or --text-file" -- tokenizer encode "$fixtures/gpt2.json"
+expect 2 "tokenizer encode needs the text: one TEXT argument or --text-file" -- tokenizer encode "$fixtures/gpt2.json" --text-file "$tmp/bad-utf8.txt" "x"
+expect 2 "$tmp/nonexistent.txt cannot be read" -- tokenizer encode "$fixtures/gpt2.json" --text-file "$tmp/nonexistent.txt"
+expect 2 "tokenizer $tmp/nonexistent.json does not exist" -- tokenizer encode "$tmp/nonexistent.json" "x"
+cp "$tmp/corpus/f" "$tmp/notjson.json"
+expect 2 "$tmp/notjson.json is not valid JSON" -- tokenizer encode "$tmp/notjson.json" "x"
 
 # A tokenizer with no BOS piece (trained by the helper directly, with SentencePiece's bos_id=-1):
 # training samples with it, and generate decodes the prompt and its continuation.

@@ -13,7 +13,8 @@ ok() { pass=$((pass + 1)); }
 
 # The data (tokenizer and tokens) once; each run gets a folder with copies.
 "$frugal" train tiny train.steps=6 train.sample_tokens=0 train.out_dir="$tmp/data" --progress lines >"$tmp/data.log" 2>&1 || { cat "$tmp/data.log"; exit 1; }
-newdir() { rm -rf "$1"; mkdir -p "$1"; cp "$tmp/data/tokenizer.model" "$tmp/data/corpus.tokens" "$1/"; }
+# corpus.tokens.tokenizer is the token file's tokenizer fingerprint: without it each run would make the tokens again.
+newdir() { rm -rf "$1"; mkdir -p "$1"; cp "$tmp/data/tokenizer.model" "$tmp/data/corpus.tokens" "$tmp/data/corpus.tokens.tokenizer" "$1/"; }
 common="train.steps=12 train.eval_interval=0 train.sample_tokens=0 train.checkpoint_interval=6"
 
 # same_losses A.json B.json TOL: the losses agree to TOL relative; prints the largest difference.
@@ -56,6 +57,9 @@ for cfg in "${configs[@]}"; do
   echo "$cfg:"
   if same_losses "$tmp/one$i.json" "$tmp/two$i.json" 1e-4; then ok; else fail "losses differ: $cfg"; fi
 done
+
+# The copied token file was used as it is, not made again.
+if grep -l "remaking it\|tokenized [0-9]* documents" "$tmp"/one*.log "$tmp"/two*.log; then fail "a run made the copied token file again"; else ok; fi
 
 # 2. The state is sharded: the ranks' optimizer state adds up to one process's, each is its
 #    estimate, and the JSON says how many ranks there were.

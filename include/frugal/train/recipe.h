@@ -61,7 +61,8 @@ struct Recipe {
   std::string corpus;                    // a text file or folder
   // The data files follow train.out_dir: left empty ("") in the YAML, load_recipe sets them to
   // "<out_dir>/tokenizer.model" and "<out_dir>/corpus.tokens"; set explicitly, they stay as given.
-  std::string tokenizer;                 // a SentencePiece .model; trained on the corpus when missing
+  std::string tokenizer;                 // a SentencePiece .model, a tokenizer.json or a folder; a .model is trained when missing
+  bool train_tokenizer = false;          // with model.init_from: train a new tokenizer instead of the model's own
   std::string tokens;                    // the token file; made from the corpus when missing
   double val_fraction = 0.05;
   // train
