@@ -34,6 +34,13 @@ std::optional<data::Tokenizer> load_checkpoint_tokenizer(const std::string& dir)
   return data::Tokenizer::load_folder(dir);
 }
 
+at::TensorOptions weights_dtype_option(const std::string& value, bool allow_auto) {
+  if (value == "fp32") return at::TensorOptions().dtype(at::kFloat);
+  if (value == "bf16") return at::TensorOptions().dtype(at::kBFloat16);
+  if (allow_auto && value == "auto") return at::TensorOptions();  // load_hf_checkpoint takes the file's dtype
+  throw UsageError("--dtype must be " + std::string(allow_auto ? "auto, fp32 or bf16" : "fp32 or bf16") + ", not '" + value + "'");
+}
+
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
   std::vector<int32_t> ids;
   size_t i = 0;

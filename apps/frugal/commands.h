@@ -1,6 +1,8 @@
 // apps/frugal/commands.h — one entry point per subcommand; each returns the process exit code.
 #pragma once
 
+#include <c10/core/TensorOptions.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,8 +46,13 @@ void check_recipe_inputs(const train::Recipe& recipe, bool data);
 // --checkpoint DIR as generate and eval take it: a folder with config.json (Hugging Face or a frugal
 // step-N folder) as it is, or a run folder's latest checkpoint. UsageError when it is neither.
 std::string resolve_checkpoint_dir(const std::string& dir);
-// The checkpoint folder's tokenizer (tokenizer.model for now), or none when the folder has none.
+// The checkpoint folder's tokenizer (tokenizer.json, or tokenizer.model, with tokenizer_config.json),
+// or none when the folder has none.
 std::optional<data::Tokenizer> load_checkpoint_tokenizer(const std::string& dir);
+// --dtype as generate and eval take it: "fp32" or "bf16" for the weights and their products, and
+// (when allow_auto) "auto": the checkpoint's own dtype (config.json's torch_dtype), as
+// transformers 5's from_pretrained loads by default. UsageError for anything else.
+at::TensorOptions weights_dtype_option(const std::string& value, bool allow_auto);
 
 // Token ids written as "1,2,3", "1 2 3" or a JSON list "[1, 2, 3]". UsageError naming `what`.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);

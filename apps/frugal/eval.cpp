@@ -90,7 +90,7 @@ int run_eval(int argc, char** argv) {
   if (!args.parse(argc, argv, 2)) return 0;
   const int inputs = !text_path.empty() + !tokens_path.empty() + !jsonl_path.empty();
   if (inputs != 1) throw UsageError("give exactly one of --text, --tokens, --jsonl");
-  if (dtype != "fp32" && dtype != "bf16") throw UsageError("--dtype must be fp32 or bf16, not '" + dtype + "'");
+  const at::TensorOptions weights = weights_dtype_option(dtype, /*allow_auto=*/false);
   for (const std::string* p : {&text_path, &tokens_path, &jsonl_path}) {
     if (!p->empty() && !io::is_regular_file(*p)) throw UsageError("input file " + *p + " is not a readable file");
   }
@@ -98,7 +98,7 @@ int run_eval(int argc, char** argv) {
   models::Decoder model;
   std::optional<data::Tokenizer> tok;
   try {
-    model = models::load_hf_checkpoint(step_dir, at::TensorOptions().dtype(dtype == "bf16" ? at::kBFloat16 : at::kFloat).device(device));
+    model = models::load_hf_checkpoint(step_dir, weights.device(device));
     if (tokens_path.empty()) tok = load_checkpoint_tokenizer(step_dir);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());

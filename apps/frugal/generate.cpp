@@ -16,7 +16,7 @@ namespace frugal {
 namespace cli {
 
 int run_generate(int argc, char** argv) {
-  std::string dir, prompt, prompt_ids_text, json_out;
+  std::string dir, prompt, prompt_ids_text, json_out, dtype = "auto";
   int64_t tokens = 64, top_k = 40, seed = 0;
   double temperature = 0.8, top_p = 1.0;
   Args args("generate", "Continue a prompt with a checkpoint: a Hugging Face folder, a frugal step-N folder, or a run's out_dir.");
@@ -29,6 +29,7 @@ int run_generate(int argc, char** argv) {
   args.add_int("top-k", &top_k, "sample among the k likeliest tokens (0: all)", 0);
   args.add_double("top-p", &top_p, "sample among the likeliest tokens whose probability adds up to P, in (0, 1]", 0.0);
   args.add_int("seed", &seed, "random seed (the same seed, the same tokens)", 0);
+  args.add_string("dtype", &dtype, "auto (the checkpoint's own, as transformers loads it), fp32 or bf16", "DTYPE");
   args.add_output("json-out", &json_out, "also write {prompt_ids, tokens, text, stop} as JSON");
   if (!args.parse(argc, argv, 2)) return 0;
   if (!json_out.empty()) check_output_path("json-out", json_out);
@@ -40,12 +41,13 @@ int run_generate(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  const at::TensorOptions weights = weights_dtype_option(dtype, /*allow_auto=*/true);
   const std::string step_dir = resolve_checkpoint_dir(dir);
   models::Decoder model;
   std::optional<data::Tokenizer> tok;
   std::vector<int32_t> eos;
   try {
-    model = models::load_hf_checkpoint(step_dir);  // the config's sizes checked against the weights first
+    model = models::load_hf_checkpoint(step_dir, weights);  // the config's sizes checked against the weights first
     tok = load_checkpoint_tokenizer(step_dir);
     eos = models::checkpoint_eos_ids(step_dir);
   } catch (const std::invalid_argument& e) {

@@ -222,7 +222,10 @@ struct ByteLevelPreTokenizer : PreTokenizer {
   std::unique_ptr<Regex> regex;  // null: use_regex false
   void apply(std::vector<Piece>& pieces) const override {
     if (add_prefix_space) {
-      for (Piece& p : pieces) if (p.text.empty() || p.text[0] != ' ') p.text.insert(0, " ");
+      // A new string rather than insert(0, " "): GCC 12 warns (-Wrestrict) on the inlined overlap check.
+      for (Piece& p : pieces) {
+        if (p.text.empty() || p.text[0] != ' ') p.text = ' ' + p.text;
+      }
     }
     if (regex) split_pieces(pieces, *regex, Behavior::isolated, false);
     const auto& table = byte_to_unicode();

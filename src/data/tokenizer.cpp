@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -174,6 +175,41 @@ bool Tokenizer::folder_has_tokenizer(const std::string& dir) {
   return io::path_exists(dir + "/tokenizer.json") || io::path_exists(dir + "/tokenizer.model");
 }
 
+namespace {
+
+// Every field of tokenizer_config.json changes the ids or text as transformers means it, changes
+// nothing frugal computes, or is refused by name.
+void check_tokenizer_config_fields(const io::JsonValue& config, const std::string& path, bool has_tokenizer_json) {
+  // Honoured where the folder is loaded (bos/eos, whether they are added, decode's clean-up).
+  static const std::set<std::string> kHonoured = {"bos_token", "eos_token", "add_bos_token", "add_eos_token",
+                                                  "clean_up_tokenization_spaces"};
+  // Change no id and no decoded text: class names, lengths and sides for padding and truncation
+  // (frugal pads and cuts itself), the other special tokens' names (their ids are in the tokenizer
+  // file), added_tokens_decoder (a copy of the tokenizer file's added tokens), and the chat template
+  // (the text a chat becomes, not how text becomes ids).
+  static const std::set<std::string> kNeutral = {
+      "tokenizer_class", "backend", "model_max_length", "padding_side", "truncation_side", "pad_token", "unk_token",
+      "sep_token", "cls_token", "mask_token", "additional_special_tokens", "extra_special_tokens", "added_tokens_decoder",
+      "model_input_names", "chat_template", "name_or_path", "auto_map", "processor_class", "use_default_system_prompt"};
+  for (const auto& [key, value] : config.members()) {
+    if (kHonoured.count(key) || kNeutral.count(key)) continue;
+    const bool unset = value.is_null() || (value.is_bool() && !value.as_bool()) || (value.is_object() && value.members().empty());
+    // legacy only decides how transformers converts a bare tokenizer.model; with tokenizer.json it is moot.
+    if (key == "legacy" && has_tokenizer_json) continue;
+    // Neutral when unset: a lower-casing, a prefix space or split special tokens frugal would not apply.
+    if ((key == "do_lower_case" || key == "add_prefix_space" || key == "split_special_tokens" || key == "sp_model_kwargs") && unset) continue;
+    const std::string shown = value.is_bool() ? (value.as_bool() ? "true" : "false")
+                              : value.is_string() ? "'" + value.as_string() + "'"
+                              : value.is_number() ? std::to_string(value.as_double())
+                                                  : std::string(value.is_object() ? "an object" : "a list");
+    throw std::invalid_argument(path + ": field '" + key + "' (" + shown + ") is not supported: frugal would " +
+                                "encode differently from transformers (supported: bos_token, eos_token, add_bos_token, " +
+                                "add_eos_token, clean_up_tokenization_spaces and fields that change no id)");
+  }
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::load_folder(const std::string& dir) {
   if (!is_directory(dir)) throw std::invalid_argument("model folder " + dir + " does not exist or is not a folder");
   Tokenizer t;
@@ -189,6 +225,11 @@ Tokenizer Tokenizer::load_folder(const std::string& dir) {
       throw std::invalid_argument(config_path + " is not valid JSON: " + e.what());
     }
     if (!config.is_object()) throw std::invalid_argument(config_path + " must hold a JSON object");
+    check_tokenizer_config_fields(config, config_path, io::path_exists(dir + "/tokenizer.json"));
+    if (const io::JsonValue* v = config.find("clean_up_tokenization_spaces"); v && !v->is_null()) {
+      if (!v->is_bool()) throw std::invalid_argument(config_path + ": clean_up_tokenization_spaces must be true or false");
+      t.clean_up_spaces_ = v->as_bool();
+    }
     auto token = [&](const char* key, int32_t& id) {
       const io::JsonValue* v = config.find(key);
       if (!v || v->is_null()) return;
@@ -252,7 +293,7 @@ void Tokenizer::save_folder(const std::string& dir) const {
   const int32_t unk = token_id("<unk>");
   if (unk >= 0) w.key("unk_token").value("<unk>");
   w.key("add_bos_token").value(add_bos_).key("add_eos_token").value(add_eos_);
-  w.key("clean_up_tokenization_spaces").value(false);
+  w.key("clean_up_tokenization_spaces").value(clean_up_spaces_);
   w.end_object();
   config << "\n";
   io::write_file_atomic(dir + "/tokenizer_config.json", config.str());
@@ -320,7 +361,33 @@ std::vector<int32_t> Tokenizer::encode_sentencepiece(const std::string& text) co
   return out;
 }
 
+namespace {
+
+// transformers' clean_up_tokenization_spaces: the space a word-level tokenizer left before
+// punctuation and English contractions is dropped (" ." -> ".", " n't" -> "n't", ...).
+std::string clean_up_tokenization_spaces(std::string text) {
+  static const std::pair<const char*, const char*> kRules[] = {
+      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
+      {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kRules) {
+    const std::string f(from), t(to);
+    std::string out;
+    size_t pos = 0;
+    for (size_t hit; (hit = text.find(f, pos)) != std::string::npos; pos = hit + f.size()) out.append(text, pos, hit - pos).append(t);
+    out.append(text, pos, std::string::npos);
+    text.swap(out);
+  }
+  return text;
+}
+
+}  // namespace
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string text = decode_raw(ids);
+  return clean_up_spaces_ ? clean_up_tokenization_spaces(std::move(text)) : text;
+}
+
+std::string Tokenizer::decode_raw(const std::vector<int32_t>& ids) const {
   if (hf_) return hf_->decode(ids);
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_) throw std::invalid_argument("tokenizer: id " + std::to_string(id) + " is outside the vocabulary");

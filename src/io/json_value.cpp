@@ -302,7 +302,9 @@ class Parser {
     if (integral) {
       errno = 0;
       const long long ll = std::strtoll(text.c_str(), nullptr, 10);
-      if (errno == ERANGE) fail("integer out of range");
+      // An integer past int64 is still a JSON number (transformers writes model_max_length as
+      // 1e30 in digits): kept as a double, so a reader that needs an integer refuses it by name.
+      if (errno == ERANGE) integral = false;
       i = ll;
     }
     return JsonValue::make_number(d, integral, i);

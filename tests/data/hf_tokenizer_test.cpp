@@ -225,6 +225,32 @@ TEST(HfTokenizerFolder, TokenizerConfigIsHonouredAndCheckedByName) {
   EXPECT_THROW(Tokenizer::load_folder(temp_dir("empty")), std::invalid_argument);
 }
 
+// Every field of tokenizer_config.json is honoured, changes no id, or is refused by name; the files
+// transformers writes itself (a 10^30 model_max_length, its backend name) load.
+TEST(HfTokenizerFolder, EveryTokenizerConfigFieldIsHonouredNeutralOrRefusedByName) {
+  const std::string d = temp_dir("config_fields");
+  Tokenizer::load(fixture("gpt2.json")).save_folder(d);
+  frugal::io::write_file_atomic(d + "/tokenizer_config.json",
+                                R"({"backend": "tokenizers", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",)"
+                                R"( "model_max_length": 1000000000000000019884624838656, "tokenizer_class": "TokenizersBackend",)"
+                                R"( "add_prefix_space": false, "chat_template": "{{ messages }}", "clean_up_tokenization_spaces": true})");
+  const Tokenizer t = Tokenizer::load_folder(d);
+  const std::string text = "Hello , world . Is n't it ?";
+  // transformers' clean-up drops the space before punctuation and contractions when decoding.
+  EXPECT_EQ(t.decode(t.encode(text)), "Hello, world. Isn't it?");
+  for (const char* field : {R"("do_lower_case": true)", R"("split_special_tokens": true)", R"("add_prefix_space": true)",
+                            R"("some_new_option": 3)"}) {
+    frugal::io::write_file_atomic(d + "/tokenizer_config.json", std::string(R"({"eos_token": "<|endoftext|>", )") + field + "}");
+    const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
+    try {
+      Tokenizer::load_folder(d);
+      ADD_FAILURE() << "accepted " << field;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("field '" + name + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // frugal's own SentencePiece tokenizers keep whitespace (identity normalization), and the
 // tokenizer.json save_folder writes for them gives SentencePiece's ids on hard strings (transformers
 // 5.23's AutoTokenizer reads that file to the same ids; its own conversion of a bare tokenizer.model

@@ -9,8 +9,11 @@
 
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/json.h"
+#include "frugal/io/json_value.h"
 
+using frugal::io::JsonValue;
 using frugal::io::JsonWriter;
+using frugal::io::parse_json;
 
 TEST(Json, WritesNestedValuesOnOneLine) {
   std::ostringstream out;
@@ -75,4 +78,16 @@ TEST(AtomicFile, WriterOverwritesAndTruncatesBeforeCommit) {
     ::closedir(d);
   }
   EXPECT_EQ(entries, 1);
+}
+
+// transformers writes tokenizer_config.json's model_max_length as 10^30 in digits: a valid JSON
+// number past int64, read as a double (not refused, not wrapped into a wrong integer).
+TEST(JsonValue, AnIntegerPastInt64IsANumberButNotAnInteger) {
+  const JsonValue v = parse_json(R"({"model_max_length": 1000000000000000019884624838656, "n": -9223372036854775808})");
+  const JsonValue& big = v.at("model_max_length");
+  EXPECT_TRUE(big.is_number());
+  EXPECT_FALSE(big.is_integer());
+  EXPECT_DOUBLE_EQ(big.as_double(), 1e30);
+  EXPECT_TRUE(v.at("n").is_integer());
+  EXPECT_EQ(v.at("n").as_int(), INT64_MIN);
 }

@@ -374,18 +374,3 @@ TEST(HfCheckpoint, EveryFieldRoundTripsAndTheHarmlessOnesPassThrough) {
   EXPECT_NE(text.find("\"bos_token_id\": 50256"), std::string::npos) << text;
   EXPECT_NE(text.find("\"summary_type\": \"cls_index\""), std::string::npos) << text;
 }
-
-// Hand check against transformers: FRUGAL_HF_DUMP=dir runs the checkpoint in dir on the tokens in
-// dir/tokens.safetensors ("tokens", (B, T) int64), writes dir/frugal_logits.safetensors and saves
-// the model again into dir/resaved (for transformers to read back).
-TEST(HfCheckpoint, DumpLogitsForAHandCheck) {
-  const char* dir = std::getenv("FRUGAL_HF_DUMP");
-  if (!dir) GTEST_SKIP() << "FRUGAL_HF_DUMP not set";
-  auto model = models::load_hf_checkpoint(dir, at::TensorOptions().dtype(at::kFloat));
-  const at::Tensor tokens = io::SafetensorsReader(std::string(dir) + "/tokens.safetensors").load("tokens");
-  at::NoGradGuard no_grad;
-  io::write_safetensors(std::string(dir) + "/frugal_logits.safetensors", {{"logits", model->logits(tokens).contiguous()}});
-  const std::string resaved = std::string(dir) + "/resaved";
-  ::mkdir(resaved.c_str(), 0755);
-  models::save_hf_checkpoint(*model, resaved);
-}

@@ -8,8 +8,9 @@ computes, in fp32, the mean loss on a fixed 64-id sequence (labels = input ids) 
 --temperature 0 (the same 20 ids; both stop at the config's eos_token_id) must agree. Then a round
 trip: frugal train fine-tunes a transformers Llama (model.init_from), transformers loads the saved
 step folder and its logits must equal frugal eval --logits-out's within 1e-5 (relative to the
-largest logit). A tokenizer check (AutoTokenizer against `frugal tokenizer encode --json`) runs when
-frugal has that flag. Prints PASS/FAIL per case with the numbers; exits 1 on any failure.
+largest logit), and AutoTokenizer on that folder (the SentencePiece tokenizer frugal trained and
+the tokenizer.json it writes beside it) gives `frugal tokenizer encode --json`'s ids on hard strings;
+so does a byte-level BPE tokenizer.json the tokenizers library trains. Prints PASS/FAIL per case with the numbers; exits 1 on any failure.
 """
 import argparse, json, os, shutil, subprocess, sys, warnings
 
@@ -132,7 +133,7 @@ def check_config(frugal, work, name, ref, prompt):
         return False, f"frugal eval failed (exit {rc}): {err}"
     loss = json.load(open(out + "/eval.json"))["loss"]
     rel = abs(loss - ref["loss"]) / abs(ref["loss"])
-    rc, err = run([frugal, "generate", "--checkpoint", folder, "--prompt-ids", ",".join(map(str, prompt)), "--temperature", "0",
+    rc, err = run([frugal, "generate", "--checkpoint", folder, "--prompt-ids", ",".join(map(str, prompt)), "--temperature", "0", "--dtype", "fp32",
                    "--max-new-tokens", str(NEW), "--json-out", out + "/gen.json"])
     if rc != 0:
         return False, f"loss {loss:.6f} vs {ref['loss']:.6f} (rel {rel:.1e}); frugal generate failed (exit {rc}): {err}"
@@ -147,13 +148,22 @@ def check_round_trip(frugal, work):
     out, source = os.path.join(work, "round_trip"), os.path.join(work, "round_trip_source")
     shutil.rmtree(out, ignore_errors=True)
     # A Llama unlike recipes/tiny.yaml's (untied, 4 KV heads, ffn 128) with 512 ids, so SentencePiece can
-    # train a tokenizer of that size on the corpus. The file defines the model; the recipe names only the
-    # tokenizer's size (= the file's vocab), so this needs init_from to take the file's sizes.
+    # train a tokenizer of that size on the corpus. The file defines the model: the recipe is tiny.yaml
+    # without its architecture keys (an architecture key the recipe sets must agree with the file).
     torch.manual_seed(0)
     model = llama(vocab_size=512)
     randomize(model, 1.5)
     model.save_pretrained(source)
-    rc, err = run([frugal, "train", "tiny", f"model.init_from={source}", "model.vocab_size=512", f"train.out_dir={out}",
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    recipe, section = os.path.join(work, "round_trip.yaml"), None
+    with open(os.path.join(repo, "recipes", "tiny.yaml")) as src, open(recipe, "w") as dst:
+        for line in src:
+            if line and not line[0].isspace():
+                section = line.split(":")[0]
+            if section != "model" or not line[0].isspace() or line.strip().startswith("dtype:"):
+                dst.write(line)
+    # The random folder has no tokenizer of its own: data.train_tokenizer asks frugal to train one.
+    rc, err = run([frugal, "train", recipe, f"model.init_from={source}", "data.train_tokenizer=true", f"train.out_dir={out}",
                    "train.steps=3", "train.checkpoint_interval=3", "train.eval_interval=0", "schedule.warmup_steps=1",
                    "train.sample_tokens=0", "train.seq_len=32"])
     if rc != 0:
@@ -169,22 +179,48 @@ def check_round_trip(frugal, work):
     with torch.no_grad():
         ref = model(f["input_ids"]).logits
     diff = (ref - f["logits"]).abs().max().item() / max(1.0, ref.abs().max().item())
-    return diff <= 1e-5, f"logits max |diff| / max(1, max|logit|) = {diff:.1e} (tol 1e-5) over {tuple(ref.shape)}"
+    ok = diff <= 1e-5
+    msg = f"logits max |diff| / max(1, max|logit|) = {diff:.1e} (tol 1e-5) over {tuple(ref.shape)}"
+    # The step folder's tokenizer (the SentencePiece model frugal trained, with the tokenizer.json and
+    # tokenizer_config.json it writes beside it) read back by AutoTokenizer: the same ids.
+    tok_ok, tok_msg = compare_tokenizer(frugal, work, step, add_special=True)
+    return ok and tok_ok, f"{msg}; its tokenizer in AutoTokenizer: {tok_msg}"
 
 
 HARD_STRINGS = {
     "spaces": "a  b   c    d", "tabs": "a\tb\t\tc", "newlines": "one\ntwo\n\nthree\n", "crlf": "one\r\ntwo\r\n",
     "emoji": "smile 😀 and 👍🏽 ok", "cjk": "漢字かなカナ 한국어", "combining": "e\u0301 a\u0308 n\u0303", "empty": "",
+    "leading_space": " hello  world ", "one_space": " ", "nbsp": "a\u00a0b\u3000c", "code": "def f(x):\n\treturn x**2  # sq\n",
     "long_line": ("the quick brown fox " * 52429)[:1 << 20],
 }
 
 
+def compare_tokenizer(frugal, work, folder, add_special=False):
+    """AutoTokenizer(folder) against frugal tokenizer encode FOLDER --json on HARD_STRINGS, and invalid UTF-8 refused."""
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(folder)
+    failures = []
+    flags = ["--add-special-tokens"] if add_special else []
+    for name, text in HARD_STRINGS.items():
+        path = os.path.join(work, f"text_{name}.txt")
+        open(path, "w", encoding="utf-8", newline="").write(text)
+        p = subprocess.run([frugal, "tokenizer", "encode", folder, "--text-file", path, "--json"] + flags, capture_output=True, text=True)
+        want = hf.encode(text, add_special_tokens=add_special)
+        got = json.loads(p.stdout).get("ids") if p.returncode == 0 else None
+        if got != want:
+            failures.append(f"{name} (exit {p.returncode})")
+    bad = os.path.join(work, "text_invalid_utf8.txt")
+    open(bad, "wb").write(b"ok \xff\xfe bad")
+    if subprocess.run([frugal, "tokenizer", "encode", folder, "--text-file", bad, "--json"], capture_output=True).returncode != 2:
+        failures.append("invalid UTF-8 not refused with exit 2")
+    n = len(HARD_STRINGS)
+    return not failures, f"{n} of {n} strings agree, invalid UTF-8 refused" if not failures else "differ: " + ", ".join(failures)
+
+
 def check_tokenizer(frugal, work):
-    """AutoTokenizer on a tokenizer.json folder against frugal tokenizer encode --json --text-file (when it exists)."""
-    if "--json" not in subprocess.run([frugal, "tokenizer", "encode", "--help"], capture_output=True, text=True).stdout:
-        return None, "frugal tokenizer encode has no --json yet: skipped"
+    """A byte-level BPE tokenizer.json folder (GPT-2's kind) the tokenizers library trains, in AutoTokenizer and frugal."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
     folder = os.path.join(work, "tokenizer_bpe")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -194,21 +230,7 @@ def check_tokenizer(frugal, work):
     tok.train_from_iterator(corpus or ["hello world"] * 10, trainers.BpeTrainer(vocab_size=500, special_tokens=["<s>", "</s>"],
                                                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
-    hf = AutoTokenizer.from_pretrained(folder)
-    failures = []
-    for name, text in HARD_STRINGS.items():
-        path = os.path.join(work, f"text_{name}.txt")
-        open(path, "w", encoding="utf-8", newline="").write(text)
-        p = subprocess.run([frugal, "tokenizer", "encode", folder, "--text-file", path, "--json"], capture_output=True, text=True)
-        want = hf.encode(text, add_special_tokens=False)
-        got = json.loads(p.stdout).get("ids") if p.returncode == 0 else None
-        if got != want:
-            failures.append(f"{name} (exit {p.returncode})")
-    bad = os.path.join(work, "text_invalid_utf8.txt")
-    open(bad, "wb").write(b"ok \xff\xfe bad")
-    if subprocess.run([frugal, "tokenizer", "encode", folder, "--text-file", bad, "--json"], capture_output=True).returncode != 2:
-        failures.append("invalid UTF-8 not refused with exit 2")
-    return not failures, "all strings agree" if not failures else "differ: " + ", ".join(failures)
+    return compare_tokenizer(frugal, work, folder)
 
 
 def main():

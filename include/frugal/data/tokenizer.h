@@ -42,7 +42,8 @@ class Tokenizer {
   // The ids of UTF-8 text (std::invalid_argument when it is not UTF-8); add_special_tokens adds BOS
   // (and EOS) as add_bos() (add_eos()) say, or a tokenizer.json's post-processor when the config is silent.
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens = false) const;
-  std::string decode(const std::vector<int32_t>& ids) const;  // special tokens left out
+  // Special tokens left out; tokenizer_config.json's clean_up_tokenization_spaces applied.
+  std::string decode(const std::vector<int32_t>& ids) const;
   int64_t vocab_size() const { return vocab_; }                // the id space (added tokens included)
   int32_t bos_id() const { return bos_; }                      // -1: none
   int32_t eos_id() const { return eos_; }
@@ -65,11 +66,13 @@ class Tokenizer {
   int64_t vocab_ = 0;
   int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false, add_eos_ = false, config_add_special_ = false, prepends_space_ = false;
+  bool clean_up_spaces_ = false;  // tokenizer_config.json's clean_up_tokenization_spaces (decode only)
   std::string fingerprint_;
   static Tokenizer load_sentencepiece(const std::string& model_path);
   static Tokenizer load_json(const std::string& json_path);
   std::string token_text(int32_t id) const;
   std::vector<int32_t> encode_sentencepiece(const std::string& text) const;
+  std::string decode_raw(const std::vector<int32_t>& ids) const;  // before the clean-up
   int32_t token_id(const std::string& token) const;
 };
 
