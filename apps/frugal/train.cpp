@@ -198,7 +198,7 @@ std::string resolve_recipe(const std::string& arg) {
       if (is_file(p)) return p;
     }
   }
-  throw UsageError("recipe '" + arg + "' is neither a file nor a shipped recipe (tiny, default, llama2-7b, llama2-7b-cpu)");
+  throw UsageError("recipe '" + arg + "' is neither a file nor a shipped recipe (tiny, default, finetune, llama2-7b, llama2-7b-cpu)");
 }
 
 void check_recipe_inputs(const train::Recipe& r, bool data) {
@@ -236,7 +236,7 @@ int run_train(int argc, char** argv) {
   double dist_timeout = 300;
   Args args("train",
             "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
-            "default, llama2-7b). Any recipe key can be overridden as section.key=value.");
+            "default, finetune, llama2-7b, llama2-7b-cpu). Any recipe key can be overridden as section.key=value.");
   args.add_positional("RECIPE", &recipe_arg, "recipe file or shipped recipe name");
   args.add_rest(&overrides, "section.key=value");
   args.add_flag("resume", &resume, "continue from the last checkpoint in train.out_dir (exactly as if never stopped)");
