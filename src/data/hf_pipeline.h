@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "frugal/io/json_value.h"
+#include "frugal/io/utf8.h"
 
 namespace frugal {
 namespace data {
@@ -21,7 +22,7 @@ namespace hf {
 // Throws std::invalid_argument naming the byte offset when `s` is not valid UTF-8.
 void check_utf8(const std::string& s, const char* what);
 size_t utf8_length(unsigned char lead);  // bytes of the character a lead byte starts (1 for a bad one)
-void append_utf8(std::string& out, uint32_t cp);
+using io::append_utf8;  // (frugal/io/utf8.h)
 // The byte -> printable character table of byte-level BPE (GPT-2), as UTF-8 strings.
 const std::vector<std::string>& byte_to_unicode();
 

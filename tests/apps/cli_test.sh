@@ -349,7 +349,7 @@ if [ "$got" = 0 ] && [ "$(head -c 6 "$tmp/out")" = "A fool" ] && [ "$(wc -l <"$t
 else
   echo "FAIL: generate with a tokenizer without BOS (exit $got)"; cat "$tmp/out" "$tmp/err"; failed=$((failed + 1))
 fi
-expect 2 "has no BOS piece, so the prompt must not be empty" -- generate --checkpoint "$tmp/nobos-run" --tokens 2
+expect 2 "adds no BOS, so the prompt must not be empty" -- generate --checkpoint "$tmp/nobos-run" --tokens 2
 
 # Bad input found below the command line (std::invalid_argument from the library) is exit 2 with
 # one line naming the file or value; internal failures stay exit 1.
