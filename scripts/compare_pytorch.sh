@@ -23,13 +23,7 @@ unavailable() {
   exit 2
 }
 
-venv=${FRUGAL_TORCH_VENV:-}
-if [[ -z $venv ]]; then
-  common=$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
-  for candidate in "$repo/.venv-torch2" ${common:+"$(dirname "$common")/.venv-torch2"}; do
-    if [[ -x $candidate/bin/python ]]; then venv=$candidate; break; fi
-  done
-fi
+venv=$(bash "$repo/scripts/torch_venv.sh")  # $FRUGAL_TORCH_VENV, or .venv-torch2 here or in the main worktree
 [[ -n $venv && -x $venv/bin/python ]] ||
   unavailable "no torch 2.x virtual environment (set FRUGAL_TORCH_VENV, or make .venv-torch2 as the README says)"
 python=$venv/bin/python

@@ -12,13 +12,7 @@ shift
 [[ -x $frugal ]] || { echo "parity: $frugal is not an executable file" >&2; exit 2; }
 frugal=$(cd "$(dirname "$frugal")" && pwd)/$(basename "$frugal")
 
-venv=${FRUGAL_TORCH_VENV:-}
-if [[ -z $venv ]]; then
-  common=$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
-  for candidate in "$repo/.venv-torch2" ${common:+"$(dirname "$common")/.venv-torch2"}; do
-    if [[ -x $candidate/bin/python ]]; then venv=$candidate; break; fi
-  done
-fi
+venv=$(bash "$repo/scripts/torch_venv.sh")  # $FRUGAL_TORCH_VENV, or .venv-torch2 here or in the main worktree
 if [[ -z $venv || ! -x $venv/bin/python ]]; then
   echo "parity: no torch virtual environment (set FRUGAL_TORCH_VENV, or run scripts/setup_torch2.sh): skipped" >&2
   exit 77
