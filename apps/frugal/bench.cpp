@@ -1,6 +1,6 @@
 // frugal bench NAME — benchmarks that print memory and time against the plain version as ratios,
 // measured in one run. NAME: checkpoint, chunked-loss, optim-in-backward, train, optim-state,
-// data-parallel.
+// data-parallel, packing.
 #include <iostream>
 #include <sstream>
 
@@ -28,13 +28,15 @@ const char* kBenchUsage =
     "               and with --steps N the default recipe's final loss per precision\n"
     "  data-parallel  a recipe on 1 rank and on N ranks with the cores split between them: tokens/s,\n"
     "               bytes on the wire per step against the minimum, each rank's peak by category\n"
+    "  packing      an examples recipe (alpaca-tiny) one example a row against packed: tokens/s of real\n"
+    "               tokens, padding share, steps and seconds an epoch\n"
     "\n"
     "'frugal bench NAME --help' describes its flags.\n";
 
 }  // namespace
 
 int run_bench(int argc, char** argv) {
-  if (argc < 3) throw UsageError("bench needs a benchmark name (checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel); 'frugal bench --help' lists them");
+  if (argc < 3) throw UsageError("bench needs a benchmark name (checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel, packing); 'frugal bench --help' lists them");
   if (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
     std::cout << kBenchUsage;
     return 0;
@@ -46,7 +48,8 @@ int run_bench(int argc, char** argv) {
   if (name == "train") return bench_train(argc, argv);
   if (name == "optim-state") return bench_optim_state(argc, argv);
   if (name == "data-parallel") return bench_data_parallel(argc, argv);
-  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel)");
+  if (name == "packing") return bench_packing(argc, argv);
+  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel, packing)");
 }
 
 }  // namespace cli

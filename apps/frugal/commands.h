@@ -31,6 +31,7 @@ int bench_optim_in_backward(int argc, char** argv);
 int bench_train(int argc, char** argv);
 int bench_optim_state(int argc, char** argv);
 int bench_data_parallel(int argc, char** argv);
+int bench_packing(int argc, char** argv);
 
 // Prints one line when matrix products run at reference-BLAS speed (call once the arguments are
 // known to be good, before the work).

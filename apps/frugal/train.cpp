@@ -190,6 +190,9 @@ int launch_ranks(int argc, char** argv, int64_t nproc, const std::string& out_di
 
 }  // namespace
 
+// The recipes shipped in recipes/, for messages (one list, so the two places that name them agree).
+const char* const kShippedRecipes = "tiny, default, finetune, alpaca-tiny, llama2-7b, llama2-7b-cpu";
+
 std::string resolve_recipe(const std::string& arg) {
   if (is_file(arg)) return arg;
   if (arg.find('/') == std::string::npos) {
@@ -198,7 +201,7 @@ std::string resolve_recipe(const std::string& arg) {
       if (is_file(p)) return p;
     }
   }
-  throw UsageError("recipe '" + arg + "' is neither a file nor a shipped recipe (tiny, default, finetune, llama2-7b, llama2-7b-cpu)");
+  throw UsageError("recipe '" + arg + "' is neither a file nor a shipped recipe (" + kShippedRecipes + ")");
 }
 
 void check_recipe_inputs(const train::Recipe& r, bool data) {
@@ -235,8 +238,8 @@ int run_train(int argc, char** argv) {
   int64_t nproc = 1;
   double dist_timeout = 300;
   Args args("train",
-            "Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe: tiny,\n"
-            "default, finetune, llama2-7b, llama2-7b-cpu). Any recipe key can be overridden as section.key=value.");
+            std::string("Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe:\n") + kShippedRecipes +
+                "). Any recipe key can be overridden as section.key=value.");
   args.add_positional("RECIPE", &recipe_arg, "recipe file or shipped recipe name");
   args.add_rest(&overrides, "section.key=value");
   args.add_flag("resume", &resume, "continue from the last checkpoint in train.out_dir (exactly as if never stopped)");
@@ -397,7 +400,7 @@ int run_train(int argc, char** argv) {
   }
   if (result.already_complete) {
     std::cout << "run already complete: " << result.checkpoint << " is at step " << result.last_step << " (train.steps "
-              << recipe.steps << "); nothing to do\n";
+              << result.total_steps << "); nothing to do\n";
     return 0;
   }
   if (!rank0) {
@@ -412,6 +415,20 @@ int run_train(int argc, char** argv) {
                 recipe.name.c_str(), static_cast<long long>(result.n_params), static_cast<long long>(result.last_step),
                 result.losses.empty() ? 0.0 : result.losses.back(), result.val_loss, result.tokens_per_s);
   summary << line;
+  if (recipe.example_format) {
+    const train::ExampleReport& e = result.examples;
+    std::snprintf(line, sizeof(line),
+                  "examples: %lld training, %lld validation; %lld steps an epoch; %.1f%% of the rows' tokens padding (%s); "
+                  "%lld of %lld tokens with loss\n",
+                  static_cast<long long>(e.train_examples), static_cast<long long>(e.val_examples), static_cast<long long>(e.steps_per_epoch),
+                  100 * e.padding_share, recipe.packing ? "packed" : "one example a row", static_cast<long long>(e.label_tokens),
+                  static_cast<long long>(e.real_tokens));
+    summary << line;
+    if (e.skipped + e.truncated + e.dropped > 0) {
+      summary << "  " << e.skipped << " bad examples skipped, " << e.truncated << " truncated and " << e.dropped
+              << " dropped for train.seq_len " << recipe.seq_len << "\n";
+    }
+  }
   const std::string heading = "peak memory per category (measured peak over " + memory::describe_coverage(result.peak) +
                               ", reached in step " + std::to_string(result.peak.peak_step) + ", " +
                               memory::phase_name(result.peak.peak_phase) + "):";
@@ -472,6 +489,15 @@ int run_train(int argc, char** argv) {
     w.key("first_step").value(result.first_step).key("last_step").value(result.last_step);
     w.key("final_loss").value(result.losses.empty() ? 0.0 : result.losses.back()).key("val_loss").value(result.val_loss);
     w.key("tokens_per_s").value(result.tokens_per_s);
+    w.key("total_steps").value(result.total_steps);
+    if (recipe.example_format) {
+      const train::ExampleReport& e = result.examples;
+      w.key("examples").begin_object().key("train").value(e.train_examples).key("validation").value(e.val_examples);
+      w.key("skipped").value(e.skipped).key("truncated").value(e.truncated).key("dropped").value(e.dropped);
+      w.key("steps_per_epoch").value(e.steps_per_epoch).key("padding_share").value(e.padding_share);
+      w.key("packing").value(recipe.packing).key("label_tokens").value(e.label_tokens).key("real_tokens").value(e.real_tokens);
+      w.key("processed_tokens").value(e.processed_tokens).end_object();
+    }
     w.key("peak_bytes").value(result.peak.peak_bytes);
     w.key("peak_covers").begin_object().key("first_step").value(result.peak.covers_first_step);
     w.key("last_step").value(result.peak.covers_last_step).end_object();

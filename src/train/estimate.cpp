@@ -135,7 +135,18 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   const BlockLayout layout = block_layout(r, a, L, plan);
   int64_t kept_blocks = 0;
   for (int64_t k : layout.kept) kept_blocks = checked_add(kept_blocks, k, "the activations");
-  const int64_t kept_all = checked_add(kept_blocks, a.head_kept, "the activations");
+  int64_t kept_all = checked_add(kept_blocks, a.head_kept, "the activations");
+  // Packed examples: each forward's attention mask and per-token positions, kept from its start to
+  // the end of its backward (shared by every block), and the segments beside the inputs.
+  int64_t packed_kept = 0, packed_input = 0;
+  if (!r.text_data() && r.packing) {
+    const models::PackingBytes pb = models::packing_bytes(c, r.batch_size, r.seq_len, r.dtype, compute);
+    int64_t plain_blocks = 0;
+    for (const auto& s : layout.segments) plain_blocks += s.checkpointed ? 0 : s.end - s.begin;
+    packed_kept = pb.kept(plain_blocks);
+    packed_input = checked_mul(pb.segments, r.optimizer.accumulation_steps(), "the inputs");
+    kept_all = checked_add(kept_all, packed_kept, "the activations");
+  }
 
   // The candidate peaks of a step; the estimate is the largest, with its categories.
   std::vector<Moment> moments;
@@ -180,6 +191,7 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     const bool first_made = a.peak_after_first_weight_gradient;
     const int64_t first_low = first_made ? 0 : a.block_largest_matrix / e * static_cast<int64_t>(c10::elementSize(compute));
     const int64_t first_grad = first_made ? a.block_largest_matrix : 0;
+    prefix = checked_add(prefix, packed_kept, "the activations");
     moments.push_back({"backward of block " + std::to_string(s->end - 1), checked_add(prefix, live, "the activations"),
                        checked_add(s->checkpointed ? a.block_backward_working_set : a.plain_block_backward_working_set,
                                    pending_head_temporary + (in_backward ? 0 : first_low), "the temporaries"),
@@ -210,7 +222,7 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   auto& cat = est.by_category;
   cat[static_cast<int>(Category::parameter)] = P;
   cat[static_cast<int>(Category::optimizer_state)] = S;
-  cat[static_cast<int>(Category::input)] = input;
+  cat[static_cast<int>(Category::input)] = checked_add(input, packed_input, "the inputs");
   cat[static_cast<int>(Category::other)] = tables;
   cat[static_cast<int>(Category::activation)] = peak.activation;
   cat[static_cast<int>(Category::temporary)] = peak.temporary;

@@ -24,6 +24,7 @@
 #include "frugal/io/units.h"
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/estimate.h"
+#include "frugal/train/run_state.h"
 
 namespace frugal {
 namespace train {
@@ -142,6 +143,22 @@ std::string allowed_text(F parse) {
   {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }, \
    allowed_text([](const std::string& v) { return one_of(parse(v), all, name); })}
 
+// The enum value of v, nullopt for the word `none` names (data.format's text, data.template's auto),
+// or "one of <none>, <every name>".
+template <typename E, size_t N>
+std::optional<E> optional_one_of(const std::string& v, const char* none, std::optional<E> parsed, const std::array<E, N>& all,
+                                 const char* (*name)(E)) {
+  if (v == none) return std::nullopt;
+  if (parsed) return parsed;
+  std::string list = none;
+  for (E e : all) list += ", " + std::string(name(e));
+  throw std::invalid_argument("one of " + list);
+}
+#define OPTIONAL_ENUM_FIELD(key, expr, none, parse, name, all) \
+  {key, [](Recipe& r, const std::string& v) { expr = optional_one_of(v, none, parse(v), all, name); }, \
+   [](const Recipe& r) { return std::string(expr ? name(*expr) : none); }, \
+   allowed_text([](const std::string& v) { return optional_one_of(v, none, parse(v), all, name); })}
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
       STRING_FIELD("name", r.name),
@@ -162,7 +179,26 @@ const std::vector<Field>& fields() {
       ENUM_FIELD("model.compute_dtype", r.compute_dtype, parse_compute_dtype, compute_dtype_name, kComputeDtypes),
       STRING_FIELD("model.init_from", r.init_from),
       BOOL_FIELD("model.ignore_dropout", r.ignore_dropout),
+      OPTIONAL_ENUM_FIELD("data.format", r.example_format, "text", data::parse_example_format, data::example_format_name,
+                          data::kExampleFormats),
+      OPTIONAL_ENUM_FIELD("data.template", r.examples.chat_template, "auto", data::parse_chat_template, data::chat_template_name,
+                          data::kChatTemplates),
+      STRING_FIELD("data.instruction_field", r.examples.fields.instruction),
+      STRING_FIELD("data.input_field", r.examples.fields.input),
+      STRING_FIELD("data.output_field", r.examples.fields.output),
+      STRING_FIELD("data.prompt_field", r.examples.fields.prompt),
+      STRING_FIELD("data.completion_field", r.examples.fields.completion),
+      STRING_FIELD("data.messages_field", r.examples.fields.messages),
+      STRING_FIELD("data.role_field", r.examples.fields.role),
+      STRING_FIELD("data.content_field", r.examples.fields.content),
+      BOOL_FIELD("data.train_on_prompt", r.examples.train_on_prompt),
+      {"data.bad_examples", [](Recipe& r, const std::string& v) { r.examples.skip_bad = one_of(v, {"error", "skip"}) == "skip"; },
+       [](const Recipe& r) { return std::string(r.examples.skip_bad ? "skip" : "error"); }, "one of error, skip"},
+      BOOL_FIELD("data.packing", r.packing),
+      {"data.overlong", [](Recipe& r, const std::string& v) { r.drop_overlong = one_of(v, {"truncate", "drop"}) == "drop"; },
+       [](const Recipe& r) { return std::string(r.drop_overlong ? "drop" : "truncate"); }, "one of truncate, drop"},
       STRING_FIELD("data.corpus", r.corpus),
+      STRING_FIELD("data.validation", r.validation),
       STRING_FIELD("data.tokenizer", r.tokenizer),
       STRING_FIELD("data.tokens", r.tokens),
       BOOL_FIELD("data.train_tokenizer", r.train_tokenizer),
@@ -171,6 +207,7 @@ const std::vector<Field>& fields() {
       INT_FIELD("train.gradient_accumulation_steps", r.optimizer.accumulation_steps(), 1, kMaxTokens),
       INT_FIELD("train.seq_len", r.seq_len, 1, kMaxTokens),
       INT_FIELD("train.steps", r.steps, 1, kMaxCount),
+      INT_FIELD("train.epochs", r.epochs, 0, kMaxTokens),
       INT_FIELD("train.seed", r.seed, 0, kMaxSeed),
       INT_FIELD("train.log_interval", r.log_interval, 1, kMaxCount),
       INT_FIELD("train.eval_interval", r.eval_interval, 0, kMaxCount),
@@ -312,6 +349,18 @@ class ExpansionCheck : public YAML::EventHandler {
   int64_t total_ = 0;
 };
 
+// The keys that take a list of paths.
+bool is_list_key(const std::string& key) { return key == "data.corpus" || key == "data.validation"; }
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
 // Flattens nested maps into section.key -> scalar text.
 void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out,
              const std::string& source) {
@@ -325,6 +374,16 @@ void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std:
     out.emplace_back(prefix, node.Scalar());
   } else if (node.IsNull()) {
     out.emplace_back(prefix, "");
+  } else if (node.IsSequence() && is_list_key(prefix)) {
+    // Several paths, held one per line (Recipe::corpus_paths).
+    std::string joined;
+    for (const auto& item : node) {
+      if (!item.IsScalar() || item.Scalar().empty() || item.Scalar().find('\n') != std::string::npos) {
+        throw RecipeError(source + ": every item of " + prefix + " must be a path");
+      }
+      joined += (joined.empty() ? "" : "\n") + item.Scalar();
+    }
+    out.emplace_back(prefix, joined);
   } else {
     throw RecipeError(source + ": " + prefix + " must be a single value, not a list");
   }
@@ -333,7 +392,41 @@ void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std:
 // Where each key set on the command line came from, so a check it breaks names the override.
 using Overridden = std::map<std::string, std::string>;  // key -> value
 
-void validate(Recipe& r, const std::string& source, const Overridden& overridden) {
+// The data keys: the example keys need examples (text windows have no prompts, answers or
+// epochs), and train.epochs replaces train.steps rather than joining it.
+template <typename Shown, typename Bad>
+void validate_data(const Recipe& r, const Shown& shown, const std::set<std::string>& set_keys, const Bad& bad) {
+  if (r.text_data()) {
+    for (const std::string& key : set_keys) {
+      const bool example_key = (key.rfind("data.", 0) == 0 && key.size() > 6 &&
+                                (key.compare(key.size() - 6, 6, "_field") == 0 || key == "data.template" || key == "data.train_on_prompt" ||
+                                 key == "data.bad_examples" || key == "data.packing" || key == "data.overlong" || key == "data.validation")) ||
+                               key == "train.epochs";
+      if (example_key) bad(shown(key) + " applies to examples only, and " + shown("data.format") + " is text (set data.format to alpaca, prompt_completion or messages)");
+    }
+    if (r.corpus.find('\n') != std::string::npos) bad("data.corpus: a list of paths needs data.format examples; text takes one file or folder");
+    return;
+  }
+  if (!r.sample_prompt.empty()) {
+    bad(shown("train.sample_prompt") + ": with examples the sample answers the first validation example's prompt; leave it empty");
+  }
+  if (r.epochs > 0 && set_keys.count("train.steps")) {
+    bad(shown("train.epochs") + " and " + shown("train.steps") + " both say how long to train: set one");
+  }
+  if (!r.validation.empty() && set_keys.count("data.val_fraction")) {
+    bad(shown("data.val_fraction") + " holds out a share of the examples, but " + shown("data.validation") + " names the validation examples: set one");
+  }
+  if (r.corpus.empty() && r.tokens.empty()) bad("data.corpus (the JSON Lines examples) must be set");
+  const data::ExampleFields& f = r.examples.fields;
+  for (const auto& [key, value] : {std::make_pair("data.instruction_field", &f.instruction), {"data.input_field", &f.input},
+                                   {"data.output_field", &f.output}, {"data.prompt_field", &f.prompt},
+                                   {"data.completion_field", &f.completion}, {"data.messages_field", &f.messages},
+                                   {"data.role_field", &f.role}, {"data.content_field", &f.content}}) {
+    if (value->empty()) bad(std::string(key) + " must name a key of the examples' objects");
+  }
+}
+
+void validate(Recipe& r, const std::string& source, const Overridden& overridden, const std::set<std::string>& set_keys) {
   // "train.steps=3 (from the command line)" for an override, "train.steps 3" for the file's value.
   auto shown = [&](const std::string& key) {
     const auto it = overridden.find(key);
@@ -376,11 +469,12 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
   }
   const optim::ScheduleKind kind = r.schedule.kind();
   if ((kind == optim::ScheduleKind::cosine || kind == optim::ScheduleKind::linear_decay) &&
-      r.schedule.warmup_steps() >= r.steps) {
+      r.schedule.warmup_steps() >= r.steps && r.epochs == 0) {  // with epochs: checked by resolve_epochs
     bad(shown("schedule.warmup_steps") + " must be below " + shown("train.steps"));
   }
   r.schedule.total_steps(r.steps);
   if (r.corpus.empty() && r.tokens.empty()) bad("data.corpus or data.tokens must be set");
+  validate_data(r, shown, set_keys, bad);
   if (r.out_dir.empty()) bad("train.out_dir must be set (the folder for checkpoints and metrics)");
   // Every size the job computes must fit: refuse the keys that make them pass 2^56 bytes.
   Recipe sizes = r;
@@ -397,7 +491,7 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
   }
   // The data files follow train.out_dir unless set (see recipe.h).
   if (r.tokenizer.empty()) r.tokenizer = r.out_dir + "/tokenizer.model";
-  if (r.tokens.empty()) r.tokens = r.out_dir + "/corpus.tokens";
+  if (r.tokens.empty()) r.tokens = r.out_dir + (r.text_data() ? "/corpus.tokens" : "/train.examples");
 }
 
 }  // namespace
@@ -471,15 +565,35 @@ const std::map<std::string, const char*>& meanings() {
       {"model.compute_dtype", "precision of the matrix products for fp32 parameters (autocast; auto: bf16 where the device has bf16 matrix instructions)"},
       {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init); its config.json defines the model"},
       {"model.ignore_dropout", "train without the dropout init_from's config.json asks for (frugal has none; false refuses a nonzero one)"},
-      {"data.corpus", "text file or folder the tokenizer and tokens are made from"},
+      {"data.format",
+       "text: the corpus is one stream of tokens cut into random windows (pretraining); alpaca (instruction, input, output), "
+       "prompt_completion or messages (a chat: system, user, assistant): one JSON object a line, an example each, the loss on the answers"},
+      {"data.template",
+       "how an example becomes text: alpaca's prompt, plain (prompt then answer), or a chat template (llama2, llama3, chatml); auto: "
+       "alpaca for alpaca, plain for prompt_completion, the tokenizer's own chat_template (recognised) for messages"},
+      {"data.instruction_field", "alpaca: the key of the instruction"},
+      {"data.input_field", "alpaca: the key of the optional input"},
+      {"data.output_field", "alpaca: the key of the answer"},
+      {"data.prompt_field", "prompt_completion: the key of the prompt"},
+      {"data.completion_field", "prompt_completion: the key of the answer"},
+      {"data.messages_field", "messages: the key of the list of turns"},
+      {"data.role_field", "messages: the key of a turn's role (system, user or assistant)"},
+      {"data.content_field", "messages: the key of a turn's text"},
+      {"data.train_on_prompt", "examples: take the loss on the prompts too (false: on the answers only, the prompts masked)"},
+      {"data.bad_examples", "examples: a malformed example stops the run naming file, line and field (error), or is counted and skipped (skip)"},
+      {"data.packing", "examples: pack several into each row (attention and positions kept within each example) instead of one a row padded to the longest"},
+      {"data.overlong", "examples longer than train.seq_len: truncated (their answer cut) or dropped; the run reports how many"},
+      {"data.corpus", "text file or folder the tokenizer and tokens are made from; with examples, JSON Lines files or folders (a list names several)"},
+      {"data.validation", "examples: JSON Lines file(s) held out for validation (empty: the last data.val_fraction of the examples)"},
       {"data.tokenizer", "SentencePiece .model, tokenizer.json or model folder; a .model is trained when missing (empty: <out_dir>/tokenizer.model; with model.init_from: the model's own)"},
       {"data.train_tokenizer", "with model.init_from: train a new tokenizer rather than use the model's (its ids then differ from the model's)"},
-      {"data.tokens", "token file, made when missing (empty: <out_dir>/corpus.tokens)"},
-      {"data.val_fraction", "share of the tokens held out for validation, above 0 and below 1"},
+      {"data.tokens", "token file, made when missing (empty: <out_dir>/corpus.tokens); with examples the examples file (empty: <out_dir>/train.examples, validation beside it as .val)"},
+      {"data.val_fraction", "share of the tokens (or examples) held out for validation, above 0 and below 1"},
       {"train.batch_size", "sequences per micro-batch (a step takes train.gradient_accumulation_steps of them)"},
       {"train.gradient_accumulation_steps", "micro-batches of train.batch_size rows per optimizer step (standard mode only)"},
       {"train.seq_len", "tokens per sequence"},
       {"train.steps", "optimizer steps of the run (the schedule's length)"},
+      {"train.epochs", "examples: passes over the training examples, which set train.steps once they are tokenized (0: train.steps as given)"},
       {"train.seed", "seed of initialisation, batches and dropout"},
       {"train.log_interval", "steps between metric lines"},
       {"train.eval_interval", "steps between validation losses (0: never)"},
@@ -614,10 +728,20 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
   }
   // frugal's GPT-2 has always tied its head to the embedding: the arch's default, unless set.
   if (r.model.arch == "gpt2" && !set_keys.count("model.tie_embeddings")) r.model.tie_embeddings = true;
+  // A frugal run folder (train.out_dir of an earlier run) stands for its latest checkpoint.
+  if (!r.init_from.empty() && !io::is_regular_file(r.init_from) && !io::path_exists(r.init_from + "/config.json") &&
+      io::path_exists(r.init_from + "/latest")) {
+    try {
+      const std::string latest = latest_checkpoint(r.init_from);
+      if (!latest.empty()) r.init_from = latest;
+    } catch (const std::invalid_argument& e) {
+      throw RecipeError(std::string("model.init_from: ") + e.what());
+    }
+  }
   ResolvedModel resolved = resolve_model_config(r);
   r.model = resolved.config;
   r.model_sources = resolved.sources;
-  validate(r, source, overridden);
+  validate(r, source, overridden, set_keys);
   return r;
 }
 
@@ -627,6 +751,32 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   std::stringstream text;
   text << in.rdbuf();
   return parse_recipe(text.str(), path, overrides);
+}
+
+data::ExampleOptions Recipe::example_options() const {
+  data::ExampleOptions o = examples;
+  if (example_format) o.format = *example_format;
+  return o;
+}
+
+std::vector<std::string> Recipe::corpus_paths() const { return split_lines(corpus); }
+std::vector<std::string> Recipe::validation_paths() const { return split_lines(validation); }
+
+Recipe resolve_epochs(const Recipe& recipe, int64_t steps_per_epoch) {
+  if (recipe.epochs <= 0) return recipe;
+  Recipe r = recipe;
+  if (steps_per_epoch < 1 || __builtin_mul_overflow(recipe.epochs, steps_per_epoch, &r.steps) || r.steps > kMaxCount) {
+    throw RecipeError("train.epochs " + std::to_string(recipe.epochs) + " x " + std::to_string(steps_per_epoch) +
+                      " steps an epoch is not a number of steps frugal runs");
+  }
+  const optim::ScheduleKind kind = r.schedule.kind();
+  if ((kind == optim::ScheduleKind::cosine || kind == optim::ScheduleKind::linear_decay) && r.schedule.warmup_steps() >= r.steps) {
+    throw RecipeError("schedule.warmup_steps " + std::to_string(r.schedule.warmup_steps()) + " must be below the run's " +
+                      std::to_string(r.steps) + " steps (train.epochs " + std::to_string(r.epochs) + " x " +
+                      std::to_string(steps_per_epoch) + " steps an epoch)");
+  }
+  r.schedule.total_steps(r.steps);
+  return r;
 }
 
 std::string recipe_number(double value) { return fmt(value); }

@@ -1,5 +1,6 @@
 #include "frugal/train/trainer.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -96,6 +97,48 @@ class MetricsFile {
 
 }  // namespace
 
+namespace {
+
+// What decides an examples file's contents besides the tokenizer and the options: each source's
+// path, size and modification time (an edited file is tokenized again).
+std::string sources_stamp(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const std::string& path : paths) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw RecipeError("data: " + path + " does not exist");
+    out += path + " " + std::to_string(st.st_size) + " " + std::to_string(static_cast<int64_t>(st.st_mtim.tv_sec)) + "." +
+           std::to_string(static_cast<int64_t>(st.st_mtim.tv_nsec)) + "\n";
+  }
+  return out;
+}
+
+// Tokenizes the examples at `sources` into `path` unless it is current (its stamp file says it was
+// made from the same sources with the same tokenizer and options).
+data::ExampleStats make_examples(const std::vector<std::string>& sources, const data::Tokenizer& tok, const data::ExampleOptions& options,
+                                 const std::string& path, const std::string& key, const LogFn& log) {
+  const std::string stamp_path = path + ".stamp";
+  const std::string stamp = data::examples_fingerprint(tok, options) + "\n" + sources_stamp(sources);
+  if (io::path_exists(path) && io::path_exists(stamp_path) && io::read_file(stamp_path) == stamp) return {};
+  io::make_directories(io::parent_path(path));
+  data::ExampleStats made;
+  try {
+    made = data::tokenize_examples(sources, tok, options, path);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(key + ": " + e.what());
+  }
+  io::write_file_atomic(stamp_path, stamp);
+  std::string line = "tokenized " + std::to_string(made.examples) + " examples (" + std::to_string(made.tokens) + " tokens, " +
+                     std::to_string(made.label_tokens) + " with loss) from " + key + " into " + path;
+  if (made.skipped > 0) {
+    line += "; skipped " + std::to_string(made.skipped) + " bad ones";
+    if (!made.skipped_reasons.empty()) line += " (first: " + made.skipped_reasons.front() + ")";
+  }
+  log(line);
+  return made;
+}
+
+}  // namespace
+
 PreparedData prepare_data(const Recipe& r, const LogFn& log) {
   PreparedData p;
   p.tokenizer_path = r.tokenizer;
@@ -115,6 +158,10 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
   if (!r.init_from.empty() && !r.train_tokenizer && data::Tokenizer::folder_has_tokenizer(r.init_from)) {
     p.tokenizer_path = r.init_from;
     log("using the tokenizer of " + r.init_from);
+  }
+  if (!io::path_exists(p.tokenizer_path) && !r.text_data()) {
+    throw RecipeError("data.tokenizer " + p.tokenizer_path + " does not exist: examples are tokenized with the model's tokenizer "
+                      "(model.init_from's, or data.tokenizer); frugal trains tokenizers on text corpora only (frugal tokenizer train)");
   }
   if (!io::path_exists(p.tokenizer_path)) {
     const std::string suffix = ".model";
@@ -156,6 +203,24 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     throw RecipeError("model.vocab_size " + std::to_string(r.model.vocab_size) + " differs from the tokenizer's " +
                       std::to_string(p.vocab_size) + " (set model.vocab_size=0 to take the tokenizer's)");
   }
+  if (!r.text_data()) {
+    const std::vector<std::string> sources = r.corpus_paths();
+    if (sources.empty()) throw RecipeError("data.corpus must name the JSON Lines examples");
+    data::ExampleOptions options = r.example_options();
+    try {
+      // auto: the format's own; for messages the model's chat_template, when it is one frugal has built in.
+      options.chat_template = data::resolve_chat_template(tok, options);
+    } catch (const std::invalid_argument& e) {
+      throw RecipeError(std::string("data.template: ") + e.what());
+    }
+    p.chat_template = options.chat_template;
+    p.made = make_examples(sources, tok, options, p.tokens_path, "data.corpus", log);
+    if (!r.validation.empty()) {
+      p.val_examples_path = p.tokens_path + ".val";
+      p.val_made = make_examples(r.validation_paths(), tok, options, p.val_examples_path, "data.validation", log);
+    }
+    return p;
+  }
   // The token file records the tokenizer it was made with (<tokens>.tokenizer holds its fingerprint):
   // a file made with another tokenizer, even one of the same size, is remade.
   const std::string stamp_path = p.tokens_path + ".tokenizer";
@@ -185,7 +250,7 @@ namespace {
 class Trainer {
  public:
   Trainer(const Recipe& recipe, const TrainOptions& options, const LogFn& log)
-      : r_(recipe), options_(options), log_(log) {}
+      : r_(recipe), options_(options), log_(log) {}  // a copy: train.epochs becomes train.steps once the data is known
 
   // The tokenizer and token file (made when missing), the dataset, the model config with the
   // tokenizer's vocabulary, and the memory estimates for this recipe and with techniques off.
@@ -209,6 +274,22 @@ class Trainer {
     data_ = prepare_data(r_, log_);
     if (group_ && group_->rank() == 0) group_->barrier("waiting for rank 0 to prepare the data");
     tokenizer_.emplace(data::Tokenizer::load(data_.tokenizer_path));
+    if (!r_.text_data()) {
+      setup_examples();
+    } else {
+      setup_text();
+    }
+    cfg_ = r_.model;  // with init_from, resolved from its config.json (resolve_model_config)
+    if (r_.init_from.empty()) cfg_.vocab_size = data_.vocab_size;
+    dp_ = DataParallel{group_ ? group_->size() : 1, group_ ? group_->rank() : 0};
+    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp_);
+    result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size, dp_);
+    result_.world_size = dp_.world_size;
+    result_.total_steps = r_.steps;
+  }
+
+  // Text: the token file's training and validation splits must each hold one window.
+  void setup_text() {
     dataset_.emplace(data_.tokens_path, r_.val_fraction);
     if (dataset_->vocab_size() != data_.vocab_size) throw RecipeError(data_.tokens_path + " does not match the tokenizer");
     // Both splits must hold one window (seq_len + 1 tokens): found now, not at the first evaluation.
@@ -224,12 +305,60 @@ class Trainer {
                         std::to_string(dataset_->train_tokens()) + " tokens of " + data_.tokens_path +
                         " for training, fewer than train.seq_len + 1 = " + std::to_string(window));
     }
-    cfg_ = r_.model;  // with init_from, resolved from its config.json (resolve_model_config)
-    if (r_.init_from.empty()) cfg_.vocab_size = data_.vocab_size;
-    dp_ = DataParallel{group_ ? group_->size() : 1, group_ ? group_->rank() : 0};
-    result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp_);
-    result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size, dp_);
-    result_.world_size = dp_.world_size;
+  }
+
+  // Examples: the training split (all of the examples file, or all but its last val_fraction) and
+  // the validation examples, batched by epochs; train.epochs becomes train.steps here.
+  void setup_examples() {
+    auto file = std::make_shared<const data::ExampleFile>(data_.tokens_path);
+    if (file->vocab_size() > data_.vocab_size) throw RecipeError(data_.tokens_path + " does not match the tokenizer");
+    std::shared_ptr<const data::ExampleFile> val_file = file;
+    int64_t train_end = file->size(), val_first = 0, val_end = 0;
+    if (!data_.val_examples_path.empty()) {
+      val_file = std::make_shared<const data::ExampleFile>(data_.val_examples_path);
+      val_end = val_file->size();
+    } else {
+      // The last val_fraction of the examples (at least one), in file order.
+      const int64_t held = std::max<int64_t>(1, static_cast<int64_t>(std::llround(r_.val_fraction * static_cast<double>(file->size()))));
+      train_end = file->size() - held;
+      val_first = train_end;
+      val_end = file->size();
+    }
+    if (train_end < 1) {
+      throw RecipeError("data.val_fraction " + recipe_number(r_.val_fraction) + " of the " + std::to_string(file->size()) + " examples of " +
+                        data_.tokens_path + " leaves none for training (give more examples, or data.validation)");
+    }
+    if (val_end - val_first < 1) throw RecipeError("data.validation holds no examples");
+    data::ExampleBatches::Options o;
+    o.rows_per_step = r_.batch_size * r_.optimizer.accumulation_steps();
+    o.micro_rows = r_.batch_size;
+    o.seq_len = r_.seq_len;
+    o.packing = r_.packing;
+    o.drop_overlong = r_.drop_overlong;
+    o.seed = static_cast<uint64_t>(r_.seed);
+    examples_.emplace(file, 0, train_end, o);
+    val_examples_.emplace(val_file, val_first, val_end, o);
+    val_file_ = val_file;
+    val_first_ = val_first;
+    ExampleReport& e = result_.examples;
+    e.train_examples = train_end;
+    e.val_examples = val_end - val_first;
+    e.skipped = data_.made.skipped + data_.val_made.skipped;
+    e.truncated = examples_->truncated();
+    e.dropped = examples_->dropped();
+    e.steps_per_epoch = examples_->steps_per_epoch();
+    e.padding_share = examples_->padding_share();
+    r_ = resolve_epochs(r_, e.steps_per_epoch);
+    std::string line = std::to_string(e.train_examples) + " training and " + std::to_string(e.val_examples) + " validation examples; " +
+                       std::to_string(e.steps_per_epoch) + " steps an epoch of " + std::to_string(o.rows_per_step) + " rows (" +
+                       (r_.packing ? "packed" : "one example a row") + ", " + std::to_string(static_cast<int>(std::lround(100 * e.padding_share))) +
+                       "% padding)";
+    if (r_.epochs > 0) line += ", " + std::to_string(r_.epochs) + " epochs = " + std::to_string(r_.steps) + " steps";
+    if (e.truncated + e.dropped > 0) {
+      line += "; " + std::to_string(e.truncated + e.dropped) + " over train.seq_len " + std::to_string(r_.seq_len) + " " +
+              (r_.drop_overlong ? "dropped" : "truncated");
+    }
+    log_(line);
   }
 
   // Every allocation from here on is tracked. The tracker keeps counters only (unless the options
@@ -295,7 +424,9 @@ class Trainer {
       for (int64_t i = 0; i < cfg_.n_layers; ++i) result_.recomputed_blocks += r_.checkpointing.checkpoints(i) ? 1 : 0;
       return;
     }
-    const auto [tokens, targets] = batch(0);
+    // The plan is made on a full micro-batch of train.seq_len tokens (examples' rows are at most that).
+    const at::Tensor tokens = r_.text_data() ? batch(0).micro.front().tokens
+                                             : at::zeros({micro_rows(), r_.seq_len}, at::TensorOptions().dtype(at::kLong).device(r_.device));
     at::Tensor embedded;
     {
       at::NoGradGuard no_grad;
@@ -388,25 +519,31 @@ class Trainer {
     const double update_before = optimizer_->update_seconds(), io_before = optimizer_->state_transfer_seconds();
     const int64_t faults_before = memory::major_page_faults();
     memory::mark_step(step);
-    const auto [x, y] = batch(step);
-    // Gradient accumulation: the step's batch in micro-batches of train.batch_size rows, each loss
-    // scaled by 1/K so the accumulated gradient is the whole batch's mean; the optimizer updates on
-    // the K-th step() call.
+    const StepBatch b = batch(step);
+    // Gradient accumulation: the step's batch in micro-batches of train.batch_size rows; the
+    // optimizer updates on the K-th step() call. Text: each micro-batch's mean loss scaled by 1/K,
+    // so the accumulated gradient is the whole batch's mean. Examples: each micro-batch's summed
+    // loss divided by the label tokens of the whole step (every micro-batch, every rank), as
+    // transformers does with labels of -100, so an example's tokens weigh the same wherever it lands.
     const int64_t micro = r_.optimizer.accumulation_steps();
+    const models::LossOptions loss_options =
+        b.sum_loss ? models::LossOptions(r_.loss).reduction(loss::Reduction::sum) : r_.loss;
+    const double world = group_ ? static_cast<double>(group_->size()) : 1.0;
+    const double scale = !b.sum_loss ? 1.0 / static_cast<double>(micro)
+                         : b.label_tokens > 0 ? world / static_cast<double>(b.label_tokens) : 0.0;  // ranks' gradients are averaged
     double value = 0;
     try {
       for (int64_t k = 0; k < micro; ++k) {
         at::Tensor loss;
-        const at::Tensor xk = micro == 1 ? x : x.narrow(0, k * micro_rows(), micro_rows());
-        const at::Tensor yk = micro == 1 ? y : y.narrow(0, k * micro_rows(), micro_rows());
+        const MicroBatch& mb = b.micro[static_cast<size_t>(k)];
         {
           memory::PhaseScope fw(memory::Phase::forward);
           const auto t = Clock::now();
           // Forward under the run's autocast state; backward outside it, as torch.autocast asks
           // (recomputed regions re-enter the forward's state themselves).
           checkpoint::AutocastGuard compute(autocast_);
-          loss = model_->loss(xk, yk, r_.loss);
-          if (micro > 1) loss = loss / static_cast<double>(micro);
+          loss = model_->loss(mb.tokens, mb.targets, loss_options, mb.segments);
+          if (scale != 1.0) loss = loss * scale;
           timing.forward_s += seconds_since(t);
         }
         check_memory_limit();
@@ -429,8 +566,13 @@ class Trainer {
       check_memory_limit();  // the allocator ran out: it told the tracker what was asked for; explain with that
       throw;
     }
+    step_tokens_ = b.real_tokens;
+    result_.examples.label_tokens += r_.text_data() ? 0 : b.label_tokens;
+    result_.examples.real_tokens += r_.text_data() ? 0 : b.real_tokens;
+    result_.examples.processed_tokens += r_.text_data() ? 0 : b.processed_tokens;
     if (group_) {
-      // The whole batch's loss: the mean of the ranks' (equal shares).
+      // The whole batch's loss: the mean of the ranks' (equal shares; with examples each rank's is
+      // already its tokens' share of the step's, times the world size).
       at::Tensor sum = at::scalar_tensor(value, at::kDouble).reshape({1});
       group_->allreduce_sum(sum, "the sum of the step's losses");
       value = sum.item<double>() / static_cast<double>(group_->size());
@@ -443,14 +585,16 @@ class Trainer {
     timing.major_faults = memory::major_page_faults() - faults_before;
     if (r_.in_backward()) timing.backward_s = std::max(0.0, timing.backward_s - timing.optimizer_s);
     timing.total_s = seconds_since(t0);
+    timing.tokens = b.real_tokens;
     result_.timings.push_back(timing);
     return value;
   }
 
   // The step's metrics line and progress report (`done` steps are done).
   void report_step(int64_t done, double loss) {
-    const int64_t tokens = r_.batch_size * r_.optimizer.accumulation_steps() * r_.seq_len;
+    const int64_t tokens = step_tokens_;
     tokens_since_log_ += tokens;
+    tokens_done_ += tokens;
     const auto now = Clock::now();
     const double elapsed = std::chrono::duration<double>(now - t_start_).count();
     StepProgress p;
@@ -458,7 +602,7 @@ class Trainer {
     p.total_steps = r_.steps;
     p.loss = loss;
     p.lr = optimizer_->lr();
-    p.tokens_per_s = static_cast<double>((done - start_) * tokens) / std::max(elapsed, 1e-9);
+    p.tokens_per_s = static_cast<double>(tokens_done_) / std::max(elapsed, 1e-9);
     p.live_bytes = tracker_->live_bytes();
     p.peak_bytes = tracker_->peak_bytes();
     p.eta_s = elapsed / static_cast<double>(done - start_) * static_cast<double>(r_.steps - done);
@@ -501,7 +645,7 @@ class Trainer {
   TrainResult finish() {
     result_.last_step = std::max(start_, stop_);
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_start_).count();
-    result_.tokens_per_s = static_cast<double>((result_.last_step - start_) * r_.batch_size * r_.optimizer.accumulation_steps() * r_.seq_len) / std::max(elapsed, 1e-9);
+    result_.tokens_per_s = static_cast<double>(tokens_done_) / std::max(elapsed, 1e-9);
     result_.peak = peak_memory_after_training();
     result_.process_after_steps = memory::process_memory();
     result_.tracked_after_steps = tracker_->live_bytes();
@@ -528,7 +672,11 @@ class Trainer {
     result_.val_loss = evaluate();
     metrics_->validation(result_.last_step, result_.val_loss);
     metrics_.reset();
-    if (options_.sample() && r_.sample_tokens > 0) {
+    if (options_.sample() && r_.sample_tokens > 0 && !r_.text_data()) {
+      memory::PhaseScope phase(memory::Phase::sampling);
+      checkpoint::AutocastGuard compute(autocast_);
+      result_.sample = answer_first_validation_example();
+    } else if (options_.sample() && r_.sample_tokens > 0) {
       log_("sampling " + std::to_string(r_.sample_tokens) + " tokens after \"" + r_.sample_prompt + "\"");
       memory::PhaseScope phase(memory::Phase::sampling);
       checkpoint::AutocastGuard compute(autocast_);
@@ -554,23 +702,69 @@ class Trainer {
     }
   }
 
-  // inputs, targets: (B, T) int64 on the device; the window positions depend on (seed, step) only.
-  std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
+  // One micro-batch on the device: (B, T) int64 inputs and targets, and with packed examples the
+  // (B, T) segments.
+  struct MicroBatch {
+    at::Tensor tokens, targets, segments;
+  };
+  struct StepBatch {
+    std::vector<MicroBatch> micro;  // this rank's rows of each micro-batch
+    bool sum_loss = false;          // examples: summed losses over label_tokens
+    int64_t label_tokens = 0;       // of the whole step (every rank)
+    int64_t real_tokens = 0;        // of the whole step, padding left out
+    int64_t processed_tokens = 0;   // of the whole step, padding included
+  };
+
+  // The step's micro-batches; which rows depend on (seed, step) only, so a resumed run sees the
+  // batches the uninterrupted one would have. Data parallel: this rank's share of each micro-batch,
+  // rows [r B/N, (r+1) B/N) of micro-batch k, so the micro-batches are one process's, split.
+  StepBatch batch(int64_t step) const {
     memory::CategoryScope scope(memory::Category::input);
-    auto b = dataset_->train_batch(step, r_.batch_size * r_.optimizer.accumulation_steps(), r_.seq_len,
-                                   static_cast<uint64_t>(r_.seed));
-    if (group_) {
-      // This rank's share of each micro-batch: rows [k B + r B/N, k B + (r+1) B/N) of micro-batch k,
-      // so the micro-batches are one process's, split across the ranks.
-      const int64_t share = r_.batch_size / group_->size(), micro = r_.optimizer.accumulation_steps();
-      std::vector<int64_t> rows;
+    const int64_t micro = r_.optimizer.accumulation_steps(), share = micro_rows();
+    const int64_t first_row = group_ ? group_->rank() * share : 0;
+    StepBatch out;
+    // A rank keeps a copy of its rows only, not a view holding the whole batch.
+    auto mine = [&](const at::Tensor& t) { return (group_ ? t.narrow(0, first_row, share).clone() : t).to(r_.device); };
+    if (r_.text_data()) {
+      const auto [x, y] = dataset_->train_batch(step, r_.batch_size * micro, r_.seq_len, static_cast<uint64_t>(r_.seed));
       for (int64_t k = 0; k < micro; ++k) {
-        for (int64_t i = 0; i < share; ++i) rows.push_back(k * r_.batch_size + group_->rank() * share + i);
+        const at::Tensor xk = x.narrow(0, k * r_.batch_size, r_.batch_size), yk = y.narrow(0, k * r_.batch_size, r_.batch_size);
+        out.micro.push_back({mine(xk), mine(yk), at::Tensor()});
       }
-      const at::Tensor index = at::tensor(rows, at::kLong);
-      b = std::make_pair(b.first.index_select(0, index), b.second.index_select(0, index));
+      out.label_tokens = out.real_tokens = out.processed_tokens = x.numel();
+      return out;
     }
-    return std::make_pair(b.first.to(r_.device), b.second.to(r_.device));
+    out.sum_loss = true;
+    for (const data::ExampleBatch& e : examples_->step(step)) {
+      out.micro.push_back({mine(e.tokens), mine(e.targets), e.segments.defined() ? mine(e.segments) : at::Tensor()});
+      out.label_tokens += e.label_tokens;
+      out.real_tokens += e.real_tokens;
+      out.processed_tokens += e.tokens.numel();
+    }
+    return out;
+  }
+
+  // Greedy, the model's answer to the first validation example's prompt (its tokens before the
+  // first with loss), stopped at the token that ends that example's answer (EOS, <|eot_id|>,
+  // <|im_end|>) or the tokenizer's EOS; with the expected answer beside it.
+  std::string answer_first_validation_example() {
+    const data::ExampleFile& f = *val_file_;
+    const int64_t n = f.length(val_first_);
+    const int32_t* ids = f.tokens(val_first_);
+    const uint8_t* loss = f.loss(val_first_);
+    int64_t answer = 0;
+    while (answer < n && !loss[answer]) ++answer;
+    if (answer == 0 || answer == n) return "";
+    std::vector<int32_t> eos = {ids[n - 1]};
+    if (tokenizer_->eos_id() >= 0) eos.push_back(tokenizer_->eos_id());
+    const std::vector<int32_t> prompt(ids, ids + answer);
+    std::vector<int32_t> expected(ids + answer, ids + n);
+    if (!expected.empty() && std::find(eos.begin(), eos.end(), expected.back()) != eos.end()) expected.pop_back();
+    log_("answering the first validation example (" + std::to_string(answer) + " prompt tokens), greedy, at most " +
+         std::to_string(r_.sample_tokens) + " tokens");
+    const models::Generation g =
+        models::generate_ids(*model_, prompt, models::GenerationOptions().max_new_tokens(r_.sample_tokens).temperature(0).eos_ids(eos));
+    return "\"" + tokenizer_->decode(g.tokens) + "\" (expected \"" + tokenizer_->decode(expected) + "\")";
   }
 
   bool is_rank0() const { return !group_ || group_->rank() == 0; }
@@ -583,6 +777,20 @@ class Trainer {
     memory::PhaseScope phase(memory::Phase::evaluation);
     checkpoint::AutocastGuard compute(autocast_);
     double total = 0;
+    if (!r_.text_data()) {
+      // The mean over every answer token of the batches (as training's loss), not a mean of means.
+      int64_t counted = 0;
+      const models::LossOptions sum = models::LossOptions(r_.loss).reduction(loss::Reduction::sum);
+      for (int64_t i = 0; i < r_.eval_batches; ++i) {
+        memory::CategoryScope scope(memory::Category::input);
+        const data::ExampleBatch e = val_examples_->eval_batch(i);
+        total += model_->loss(e.tokens.to(r_.device), e.targets.to(r_.device), sum,
+                              e.segments.defined() ? e.segments.to(r_.device) : at::Tensor())
+                     .item<double>();
+        counted += e.label_tokens;
+      }
+      return counted > 0 ? total / static_cast<double>(counted) : 0.0;
+    }
     for (int64_t i = 0; i < r_.eval_batches; ++i) {
       memory::CategoryScope scope(memory::Category::input);
       const auto [x, y] = dataset_->val_batch(i, r_.batch_size, r_.seq_len);
@@ -591,13 +799,16 @@ class Trainer {
     return total / static_cast<double>(r_.eval_batches);
   }
 
-  const Recipe& r_;
+  Recipe r_;
   const TrainOptions& options_;
   const LogFn& log_;
   TrainResult result_;
   PreparedData data_;
   std::optional<data::Tokenizer> tokenizer_;
-  std::optional<data::TokenDataset> dataset_;
+  std::optional<data::TokenDataset> dataset_;                 // text
+  std::optional<data::ExampleBatches> examples_, val_examples_;  // examples
+  std::shared_ptr<const data::ExampleFile> val_file_;           // the validation examples' file, from val_first_
+  int64_t val_first_ = 0;
   models::DecoderConfig cfg_;
   std::shared_ptr<memory::Tracker> tracker_;
   std::unique_ptr<memory::TrackingGuard> tracking_;
@@ -615,6 +826,7 @@ class Trainer {
   int64_t start_ = 0, stop_ = 0;
   Clock::time_point t_start_, t_log_;
   int64_t tokens_since_log_ = 0;
+  int64_t step_tokens_ = 0, tokens_done_ = 0;  // of the step just run (padding left out), and of every step run here
 };
 
 }  // namespace
@@ -624,7 +836,14 @@ double step_matmul_flops(const Recipe& r, const TrainResult& result, bool with_r
   c.vocab_size = result.vocab_size;
   const models::DecoderFlops f = models::decoder_flops(c, r.batch_size, r.seq_len);
   const double recomputed = with_recompute ? static_cast<double>(result.recomputed_blocks) : 0.0;
-  return static_cast<double>(r.optimizer.accumulation_steps()) * (3 * f.forward + recomputed * f.block_forward);
+  const double full = static_cast<double>(r.optimizer.accumulation_steps()) * (3 * f.forward + recomputed * f.block_forward);
+  const int64_t steps = result.last_step - result.first_step;
+  if (r.text_data() || steps <= 0) return full;
+  // Examples' rows may be shorter than train.seq_len (padded to the longest of each micro-batch):
+  // the products scale with the tokens computed (the attention scores' share, quadratic in the
+  // row's length, is taken as linear here).
+  const double full_tokens = static_cast<double>(r.optimizer.accumulation_steps() * r.batch_size * r.seq_len);
+  return full * static_cast<double>(result.examples.processed_tokens) / static_cast<double>(steps) / full_tokens;
 }
 
 TrainResult run_training(const Recipe& recipe, const TrainOptions& options, const LogFn& log) {

@@ -10,7 +10,9 @@ trip: frugal train fine-tunes a transformers Llama (model.init_from), transforme
 step folder and its logits must equal frugal eval --logits-out's within 1e-5 (relative to the
 largest logit), and AutoTokenizer on that folder (the SentencePiece tokenizer frugal trained and
 the tokenizer.json it writes beside it) gives `frugal tokenizer encode --json`'s ids on hard strings;
-so does a byte-level BPE tokenizer.json the tokenizers library trains. Prints PASS/FAIL per case with the numbers; exits 1 on any failure.
+so does a byte-level BPE tokenizer.json the tokenizers library trains. And instruction examples: frugal
+eval --examples' loss on the answers (prompts masked) equals transformers' with labels of -100 (1e-4).
+Prints PASS/FAIL per case with the numbers; exits 1 on any failure.
 """
 import argparse, json, os, shutil, subprocess, sys, warnings
 
@@ -217,11 +219,10 @@ def compare_tokenizer(frugal, work, folder, add_special=False):
     return not failures, f"{n} of {n} strings agree, invalid UTF-8 refused" if not failures else "differ: " + ", ".join(failures)
 
 
-def check_tokenizer(frugal, work):
-    """A byte-level BPE tokenizer.json folder (GPT-2's kind) the tokenizers library trains, in AutoTokenizer and frugal."""
+def make_bpe_tokenizer(folder):
+    """A byte-level BPE tokenizer.json folder (GPT-2's kind) the tokenizers library trains on the fortunes."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
     from transformers import PreTrainedTokenizerFast
-    folder = os.path.join(work, "tokenizer_bpe")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -230,7 +231,71 @@ def check_tokenizer(frugal, work):
     tok.train_from_iterator(corpus or ["hello world"] * 10, trainers.BpeTrainer(vocab_size=500, special_tokens=["<s>", "</s>"],
                                                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+
+
+def check_tokenizer(frugal, work):
+    """A byte-level BPE tokenizer.json folder the tokenizers library trains, in AutoTokenizer and frugal."""
+    folder = os.path.join(work, "tokenizer_bpe")
+    make_bpe_tokenizer(folder)
     return compare_tokenizer(frugal, work, folder)
+
+
+ALPACA_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further context. "
+                "Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n"
+                "### Response:\n")
+ALPACA_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+                   "### Instruction:\n{instruction}\n\n### Response:\n")
+
+
+def check_examples(frugal, work):
+    """Instruction examples' loss on the answers: frugal eval --examples against transformers with labels of -100.
+
+    The reference renders Alpaca's prompt, encodes prompt + answer + EOS as one text with AutoTokenizer,
+    sets the labels of the prompt's tokens to -100 (the prompt's own encoding, as long as it is a prefix
+    of the whole one), and sums the model's mean loss times its counted tokens over the examples."""
+    from transformers import AutoTokenizer
+    folder = os.path.join(work, "examples_model")
+    shutil.rmtree(folder, ignore_errors=True)
+    make_bpe_tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    model = llama(vocab_size=512, max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    randomize(model, 1.5)
+    model.save_pretrained(folder)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "recipes", "data", "alpaca-tiny.val.jsonl")) as f:
+        examples = [json.loads(line) for line in f][:12]
+    examples.append({"instruction": "Say hello.", "input": "", "output": "Hello! ünïcödé 😀"})
+    path = os.path.join(work, "examples.jsonl")
+    with open(path, "w") as f:
+        for e in examples:
+            f.write(json.dumps(e) + "\n")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    total, counted = 0.0, 0
+    for e in examples:
+        prompt = (ALPACA_INPUT if e["input"] else ALPACA_NO_INPUT).format(**e)
+        ids = tok(prompt + e["output"] + tok.eos_token).input_ids
+        prompt_ids = tok(prompt).input_ids
+        n = 0
+        while n < min(len(ids), len(prompt_ids)) and ids[n] == prompt_ids[n]:
+            n += 1
+        labels = [-100] * n + ids[n:]
+        with torch.no_grad():
+            loss = model(torch.tensor([ids]), labels=torch.tensor([labels])).loss.item()
+        k = len(ids) - n  # predicted tokens: every label after the first position
+        total += loss * k
+        counted += k
+    ref = total / counted
+    out = os.path.join(work, "examples_eval.json")
+    rc, err = run([frugal, "eval", "--checkpoint", folder, "--examples", path, "--format", "alpaca", "--template", "alpaca",
+                   "--seq-len", "256", "--batch-size", "4", "--json-out", out])
+    if rc != 0:
+        return False, f"frugal eval --examples failed (exit {rc}): {err}"
+    got = json.load(open(out))
+    rel = abs(got["loss"] - ref) / abs(ref)
+    ok = rel <= 1e-4 and got["tokens"] == counted
+    return ok, (f"{len(examples)} Alpaca examples: loss on the answers {got['loss']:.6f} vs {ref:.6f} (rel {rel:.1e}, tol 1e-4); "
+                f"answer tokens {got['tokens']} vs {counted}")
 
 
 def main():
@@ -255,6 +320,8 @@ def main():
         results.append(("round_trip_train",) + check_round_trip(a.frugal, a.work))
     if not a.only or "tokenizer" in a.only:
         results.append(("tokenizer_json",) + check_tokenizer(a.frugal, a.work))
+    if not a.only or "examples" in a.only:
+        results.append(("examples_loss",) + check_examples(a.frugal, a.work))
     width = max(len(r[0]) for r in results)
     for name, ok, msg in results:
         print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}  {name:<{width}}  {msg}")

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "frugal/checkpoint/policy.h"
+#include "frugal/data/examples.h"
 #include "frugal/models/decoder.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/schedule.h"
@@ -58,18 +59,35 @@ struct Recipe {
   std::vector<std::string> explicit_model_keys;
   std::vector<std::pair<std::string, std::string>> model_sources;
   // data
-  std::string corpus;                    // a text file or folder
+  // data.format: "text" (nullopt: a corpus tokenized into one stream, cut into random windows) or
+  // JSON Lines examples (alpaca, prompt_completion, messages: data/examples.h), batched by epochs.
+  std::optional<data::ExampleFormat> example_format;
+  // data.template, data.*_field, data.train_on_prompt, data.bad_examples (examples only; its
+  // `format` is example_format's: example_options() fills it in).
+  data::ExampleOptions examples;
+  // A text file or folder; with examples, JSON Lines files or folders (a YAML list names several,
+  // held here one per line).
+  std::string corpus;
+  std::string validation;                // data.validation: separate validation examples ("": the last val_fraction)
+  bool packing = false;                  // data.packing: several examples a row, attention kept within each
+  bool drop_overlong = false;            // data.overlong: drop (true) or truncate (false) examples over train.seq_len
   // The data files follow train.out_dir: left empty ("") in the YAML, load_recipe sets them to
   // "<out_dir>/tokenizer.model" and "<out_dir>/corpus.tokens"; set explicitly, they stay as given.
   std::string tokenizer;                 // a SentencePiece .model, a tokenizer.json or a folder; a .model is trained when missing
   bool train_tokenizer = false;          // with model.init_from: train a new tokenizer instead of the model's own
-  std::string tokens;                    // the token file; made from the corpus when missing
+  // The token file (text; "<out_dir>/corpus.tokens" when empty) or the training examples file
+  // (examples; "<out_dir>/train.examples", its validation examples beside it as <file>.val); made
+  // from the corpus when missing or made with another tokenizer or example options.
+  std::string tokens;
   double val_fraction = 0.05;
   // train
   int64_t batch_size = 8;                // rows per micro-batch; a step takes
                                          // optimizer.accumulation_steps() (train.gradient_accumulation_steps) of them
   int64_t seq_len = 128;
   int64_t steps = 100;
+  // train.epochs: > 0 (examples only) sets train.steps to that many passes over the training
+  // examples once they are tokenized (resolve_epochs); 0: train.steps as given.
+  int64_t epochs = 0;
   int64_t seed = 0;
   int64_t log_interval = 10;
   int64_t eval_interval = 50;
@@ -94,6 +112,10 @@ struct Recipe {
   models::LossOptions loss;                    // memory.chunked_loss (chunked), memory.loss_chunk (chunk_size)
 
   bool in_backward() const { return optimizer.mode() == optim::Mode::in_backward; }
+  bool text_data() const { return !example_format.has_value(); }
+  data::ExampleOptions example_options() const;  // examples with format = *example_format
+  std::vector<std::string> corpus_paths() const;  // corpus, one path per line
+  std::vector<std::string> validation_paths() const;
 };
 
 // The parameter dtypes a recipe accepts: "fp32" (at::kFloat) and "bf16" (at::kBFloat16).
@@ -116,6 +138,10 @@ struct ResolvedModel {
   std::vector<std::pair<std::string, std::string>> sources;  // architecture key -> "file", "recipe" or "default"
 };
 ResolvedModel resolve_model_config(const Recipe& recipe);
+
+// train.epochs resolved once the data is known: steps = epochs x steps_per_epoch, and the schedule's
+// length with it (its warm-up checked against it). A recipe without epochs is returned as it is.
+Recipe resolve_epochs(const Recipe& recipe, int64_t steps_per_epoch);
 
 // Reads the YAML file, applies key=value overrides, resolves the model (resolve_model_config),
 // validates. Throws RecipeError.

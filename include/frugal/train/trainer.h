@@ -32,10 +32,10 @@ namespace train {
 // Where the run stands after a step, for a progress display.
 struct StepProgress {
   int64_t step = 0;                   // steps done (the step just run, counted from 1)
-  int64_t total_steps = 0;            // train.steps
+  int64_t total_steps = 0;            // train.steps (train.epochs resolved)
   double loss = 0;                    // of the step just run
   double lr = 0;                      // the learning rate now (the next step's)
-  double tokens_per_s = 0;            // since this run started (or resumed)
+  double tokens_per_s = 0;            // since this run started (or resumed); with examples, tokens that are not padding
   double interval_tokens_per_s = 0;   // since the previous step at the log interval
   int64_t live_bytes = 0;             // tracked memory now
   int64_t peak_bytes = 0;             // the tracker's peak so far
@@ -77,11 +77,27 @@ struct StepTiming {
   double state_io_s = 0;   // of optimizer_s: moving state chunks between their place and the device
   int64_t major_faults = 0;  // pages the step read from disk (mapped state paged in, among others)
   double total_s = 0;      // the whole step, batch and bookkeeping included
+  int64_t tokens = 0;      // the step's tokens (every rank's); with examples, those that are not padding
+};
+
+// What an examples run read and how it batches them (empty for text).
+struct ExampleReport {
+  int64_t train_examples = 0, val_examples = 0;
+  int64_t skipped = 0;               // bad examples skipped (data.bad_examples: skip) when the files were made
+  int64_t truncated = 0, dropped = 0;  // training examples over train.seq_len, per epoch
+  int64_t steps_per_epoch = 0;
+  double padding_share = 0;          // of the training rows' tokens over an epoch
+  int64_t label_tokens = 0;          // tokens with loss over the steps run here
+  int64_t real_tokens = 0;           // tokens that are not padding over the steps run here
+  int64_t processed_tokens = 0;      // the rows' tokens, padding included, over the steps run here (what the model computed)
 };
 
 struct TrainResult {
   int64_t first_step = 0;          // 0, or the step resumed from
   int64_t last_step = 0;
+  int64_t total_steps = 0;         // train.steps, or train.epochs x the steps of an epoch
+  ExampleReport examples;          // data.format examples only
+  // Tokens a second over the steps run here: with examples, the tokens that are not padding.
   std::vector<double> losses;      // of the steps run here
   std::vector<StepTiming> timings; // of the steps run here
   double val_loss = 0;             // at the end
@@ -111,11 +127,16 @@ struct TrainResult {
 
 struct PreparedData {
   std::string tokenizer_path;
-  std::string tokens_path;
+  std::string tokens_path;       // the token file, or the training examples file
+  std::string val_examples_path; // examples with data.validation: its examples file ("": held out of tokens_path)
   int64_t vocab_size = 0;
+  data::ExampleStats made, val_made;  // examples tokenized by this call (zero when the files were current)
+  std::optional<data::ChatTemplate> chat_template;  // examples: the template they were rendered with
 };
 
-// Makes the tokenizer and the token file when missing; `log` gets progress lines.
+
+// Makes the tokenizer and the token file (or the examples files) when missing or made with another
+// tokenizer or other example options; `log` gets progress lines.
 PreparedData prepare_data(const Recipe& recipe, const LogFn& log);
 
 // Trains as the recipe says. Throws RecipeError (a mistake in the recipe or its files),
