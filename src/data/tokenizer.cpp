@@ -268,6 +268,18 @@ int32_t Tokenizer::token_id(const std::string& token) const {
   return api().piece_to_id(sp_.get(), token.c_str());
 }
 
+int32_t Tokenizer::token_to_id(const std::string& token) const {
+  if (hf_) return hf_->token_to_id(token);
+  if (!sp_) return -1;
+  const int32_t id = token_id(token);  // SentencePiece answers an unknown piece with <unk>'s id
+  return id >= 0 && id < vocab_ && token_text(id) == token ? id : -1;
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || id >= vocab_ || (!hf_ && !sp_)) return "";
+  return token_text(id);
+}
+
 void Tokenizer::save_folder(const std::string& dir) const {
   io::make_directories(dir);
   std::string json_text;

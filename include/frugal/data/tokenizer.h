@@ -50,6 +50,13 @@ class Tokenizer {
   bool add_bos() const { return add_bos_; }  // whether the model expects BOS before a text
   bool add_eos() const { return add_eos_; }
   const std::string& path() const { return path_; }
+  // The id of a token's spelling ("</s>", "<|im_end|>"), -1 when the tokenizer has no such token;
+  // id_to_token is the inverse ("" for an id it lacks).
+  int32_t token_to_id(const std::string& token) const;
+  std::string id_to_token(int32_t id) const;
+  // Whether encode() turns the spelling of an added or special token in the text into its id (a
+  // tokenizer.json, as `tokenizers` does); SentencePiece spells control tokens out piece by piece.
+  bool recognizes_special_tokens() const { return hf_ != nullptr; }
   // Whether every encode call puts a word-start mark in front of the text, whatever it starts with
   // (SentencePiece's dummy prefix, a Prepend normalizer; not Metaspace, which adds none to a text
   // starting with a space): a text cut in pieces before a space then encodes as a whole when each

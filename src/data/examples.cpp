@@ -1,0 +1,668 @@
+// Instruction and chat examples: JSON Lines (or one JSON array) read a record at a time, rendered
+// with a template, tokenized with loss flags, written as an examples file (see examples.h).
+#include "frugal/data/examples.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <stdexcept>
+
+#include "chat_text.h"
+#include "examples_format.h"
+#include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
+#include "frugal/io/json_value.h"
+
+namespace frugal {
+namespace data {
+
+
+namespace {
+
+// A bad example: the message names the field; the reader adds file and line.
+struct BadExample : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+std::string fnv1a64(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// The special tokens a template writes as text, besides BOS and EOS.
+std::vector<std::string> template_tokens(ChatTemplate t) {
+  switch (t) {
+    case ChatTemplate::llama3: return {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    case ChatTemplate::chatml: return {"<|im_start|>", "<|im_end|>"};
+    default: return {};
+  }
+}
+
+const io::JsonValue& field(const io::JsonValue& obj, const std::string& key, const std::string& shown) {
+  const io::JsonValue* v = obj.find(key);
+  if (!v) throw BadExample("field '" + shown + "': is missing");
+  return *v;
+}
+
+const std::string& string_field(const io::JsonValue& obj, const std::string& key, const std::string& shown) {
+  const io::JsonValue& v = field(obj, key, shown);
+  if (!v.is_string()) throw BadExample("field '" + shown + "': is not a string");
+  return v.as_string();
+}
+
+void check_answer(const std::string& text, const std::string& shown) {
+  if (python_strip(text).empty()) throw BadExample("field '" + shown + "': is empty (an answer needs text)");
+}
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+}  // namespace
+
+ChatTemplate resolve_chat_template(const Tokenizer& tok, const ExampleOptions& opt) {
+  if (opt.chat_template) return *opt.chat_template;
+  switch (opt.format) {
+    case ExampleFormat::alpaca: return ChatTemplate::alpaca;
+    case ExampleFormat::prompt_completion: return ChatTemplate::plain;
+    case ExampleFormat::messages: break;
+  }
+  std::string dir = io::parent_path(tok.path());
+  struct stat st {};
+  if (::stat(tok.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode)) dir = tok.path();
+  return folder_chat_template(dir.empty() ? "." : dir);
+}
+
+ExampleEncoder::ExampleEncoder(const Tokenizer& tok, const ExampleOptions& opt)
+    : tok_(tok), opt_(opt), template_(resolve_chat_template(tok, opt)) {
+  const char* name = chat_template_name(template_);
+  if (tok.bos_id() >= 0) bos_ = tok.id_to_token(tok.bos_id());
+  if (tok.eos_id() >= 0) eos_ = tok.id_to_token(tok.eos_id());
+  std::vector<std::string> needed = template_tokens(template_);
+  if (template_ == ChatTemplate::llama2 || template_ == ChatTemplate::llama3) {
+    if (tok.bos_id() < 0) throw std::invalid_argument(std::string("the ") + name + " template writes a BOS token, and the tokenizer " + tok.path() + " has none");
+    needed.push_back(bos_);
+  }
+  if (template_ == ChatTemplate::llama2) needed.push_back(eos_);
+  for (const std::string& s : needed) {
+    const int32_t id = tok.token_to_id(s);
+    // A tokenizer.json must also find the token in text (an added token), as transformers encodes the rendered text.
+    const bool found = id >= 0 && (!tok.recognizes_special_tokens() || tok.encode(s) == std::vector<int32_t>{id});
+    if (!found) {
+      throw std::invalid_argument(std::string("the ") + name + " chat template writes the token '" + s + "', which the tokenizer " +
+                                  tok.path() + " lacks (not one of its added or special tokens)");
+    }
+    if (!tok.recognizes_special_tokens()) specials_.push_back({s, id});
+  }
+  if (!tok.recognizes_special_tokens()) {
+    // SentencePiece's control tokens spelled in the text become their ids, as in the model's tokenizer.json.
+    for (const std::string& s : {bos_, eos_}) {
+      if (!s.empty() && std::none_of(specials_.begin(), specials_.end(), [&](const auto& p) { return p.first == s; })) {
+        specials_.push_back({s, tok.token_to_id(s)});
+      }
+    }
+  }
+}
+
+std::vector<int32_t> ExampleEncoder::encode_text(const std::string& text) const {
+  if (specials_.empty()) return tok_.encode(text);
+  std::vector<int32_t> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t best = std::string::npos, best_len = 0;
+    int32_t best_id = -1;
+    for (const auto& [s, id] : specials_) {
+      const size_t at = text.find(s, pos);
+      if (at != std::string::npos && (at < best || (at == best && s.size() > best_len))) best = at, best_len = s.size(), best_id = id;
+    }
+    const size_t end = best == std::string::npos ? text.size() : best;
+    if (end > pos) {
+      const auto ids = tok_.encode(text.substr(pos, end - pos));
+      out.insert(out.end(), ids.begin(), ids.end());
+    }
+    if (best == std::string::npos) break;
+    out.push_back(best_id);
+    pos = best + best_len;
+  }
+  return out;
+}
+
+std::vector<ChatMessage> ExampleEncoder::messages(const io::JsonValue& example) const {
+  const ExampleFields& f = opt_.fields;
+  if (!example.is_object()) throw BadExample("is not a JSON object");
+  std::vector<ChatMessage> out;
+  if (opt_.format == ExampleFormat::alpaca) {
+    std::string user = string_field(example, f.instruction, f.instruction);
+    const io::JsonValue* input = example.find(f.input);
+    if (input && !input->is_null() && !input->is_string()) throw BadExample("field '" + f.input + "': is not a string");
+    if (input && input->is_string() && !input->as_string().empty()) user += "\n\n" + input->as_string();
+    out.push_back({"user", user});
+    out.push_back({"assistant", string_field(example, f.output, f.output)});
+    check_answer(out.back().content, f.output);
+    return out;
+  }
+  if (opt_.format == ExampleFormat::prompt_completion) {
+    out.push_back({"user", string_field(example, f.prompt, f.prompt)});
+    out.push_back({"assistant", string_field(example, f.completion, f.completion)});
+    check_answer(out.back().content, f.completion);
+    return out;
+  }
+  const io::JsonValue& list = field(example, f.messages, f.messages);
+  if (!list.is_array()) throw BadExample("field '" + f.messages + "': is not a list");
+  if (list.items().empty()) throw BadExample("field '" + f.messages + "': is empty");
+  const io::JsonValue* first_role = list.items()[0].is_object() ? list.items()[0].find(f.role) : nullptr;
+  const bool system_first = first_role && first_role->is_string() && first_role->as_string() == "system";
+  for (size_t i = 0; i < list.items().size(); ++i) {
+    const io::JsonValue& m = list.items()[i];
+    const std::string at = f.messages + "[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw BadExample("field '" + at + "': is not an object");
+    const std::string& role = string_field(m, f.role, at + "." + f.role);
+    const std::string& content = string_field(m, f.content, at + "." + f.content);
+    if (role != "system" && role != "user" && role != "assistant") {
+      throw BadExample("field '" + at + "." + f.role + "': unknown role '" + role + "' (allowed: system, user, assistant)");
+    }
+    // An optional system message, then user and assistant alternating from user.
+    const size_t k = i - (system_first ? 1 : 0);
+    const std::string expected = i == 0 && role == "system" ? "system" : k % 2 == 0 ? "user" : "assistant";
+    if (role != expected) {
+      throw BadExample("field '" + at + "." + f.role + "': '" + role + "' is out of order (expected '" + expected +
+                       "': an optional system message first, then user and assistant alternating, ending with assistant)");
+    }
+    if (role == "assistant") check_answer(content, at + "." + f.content);
+    out.push_back({role, content});
+  }
+  if (out.back().role != "assistant") {
+    throw BadExample("field '" + f.messages + "': ends with a " + out.back().role + " message (the last must be the assistant's)");
+  }
+  return out;
+}
+
+EncodedExample ExampleEncoder::encode(const io::JsonValue& example) const {
+  RenderedExample r;
+  if (opt_.format == ExampleFormat::alpaca && template_ == ChatTemplate::alpaca) {
+    // The instruction and the input apart (messages() joins them for the chat templates).
+    if (!example.is_object()) throw BadExample("is not a JSON object");
+    const ExampleFields& f = opt_.fields;
+    const std::string& instruction = string_field(example, f.instruction, f.instruction);
+    const io::JsonValue* input = example.find(f.input);
+    if (input && !input->is_null() && !input->is_string()) throw BadExample("field '" + f.input + "': is not a string");
+    const std::string& output = string_field(example, f.output, f.output);
+    check_answer(output, f.output);
+    const std::string prompt = alpaca_prompt(instruction, input && input->is_string() ? input->as_string() : "");
+    r.text = prompt + output;
+    r.answers.push_back({prompt.size(), r.text.size()});
+    r.bos_id = tok_.add_bos() && tok_.bos_id() >= 0;
+    r.eos_id = true;
+  } else {
+    try {
+      r = render_messages(template_, messages(example), bos_, eos_, tok_.add_bos() && tok_.bos_id() >= 0);
+    } catch (const BadExample&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw BadExample(e.what());
+    }
+  }
+  EncodedExample out;
+  out.text = r.text;
+  const std::vector<int32_t> body = encode_text(r.text);
+  const size_t offset = r.bos_id ? 1 : 0;
+  if (r.bos_id) out.ids.push_back(tok_.bos_id());
+  out.ids.insert(out.ids.end(), body.begin(), body.end());
+  if (r.eos_id) out.ids.push_back(tok_.eos_id());
+  out.loss.assign(out.ids.size(), opt_.train_on_prompt ? 1 : 0);
+  for (const auto& [begin, end] : r.answers) {
+    const size_t first = common_prefix(encode_text(r.text.substr(0, begin)), body);
+    const size_t last = end == r.text.size() ? body.size() : common_prefix(encode_text(r.text.substr(0, end)), body);
+    for (size_t k = first; k < last; ++k) out.loss[offset + k] = 1;
+  }
+  if (r.eos_id) out.loss.back() = 1;
+  if (out.ids.size() < 2) throw BadExample("renders to fewer than two tokens");
+  if (std::find(out.loss.begin() + 1, out.loss.end(), 1) == out.loss.end()) throw BadExample("has no answer token to learn");
+  return out;
+}
+
+std::string examples_fingerprint(const Tokenizer& tok, const ExampleOptions& opt) {
+  const ExampleFields& f = opt.fields;
+  std::string s = "examples v" + std::to_string(examples_format::kVersion) + "|tok=" + tok.fingerprint() +
+                  "|bos=" + std::to_string(tok.bos_id()) + "|eos=" + std::to_string(tok.eos_id()) +
+                  "|add_bos=" + std::to_string(tok.add_bos()) + "|format=" + example_format_name(opt.format) +
+                  "|template=" + chat_template_name(resolve_chat_template(tok, opt)) +
+                  "|train_on_prompt=" + std::to_string(opt.train_on_prompt) + "|skip_bad=" + std::to_string(opt.skip_bad) +
+                  "|max_line_bytes=" + std::to_string(opt.max_line_bytes);
+  for (const std::string* k : {&f.instruction, &f.input, &f.output, &f.prompt, &f.completion, &f.messages, &f.role, &f.content}) {
+    s += "|" + std::to_string(k->size()) + ":" + *k;
+  }
+  return fnv1a64(s);
+}
+
+namespace {
+
+// ---- Reading: files, then records (lines, or the items of one JSON array) ----
+
+bool has_example_suffix(const std::string& name) {
+  auto ends = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  return ends(".jsonl") || ends(".json");
+}
+
+void collect(const std::string& path, std::vector<std::string>& out, std::set<std::pair<dev_t, ino_t>>& seen) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw std::invalid_argument("dataset " + path + (errno == ENOENT ? " does not exist" : " cannot be read: " + std::string(std::strerror(errno))));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    if (!seen.insert({st.st_dev, st.st_ino}).second) return;
+    DIR* dir = ::opendir(path.c_str());
+    if (!dir) throw std::invalid_argument("dataset folder " + path + " cannot be read: " + std::strerror(errno));
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(dir)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(dir);
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+      const std::string child = path + "/" + n;
+      struct stat cs {};
+      if (::stat(child.c_str(), &cs) != 0) continue;  // a dangling link
+      if (S_ISDIR(cs.st_mode) || has_example_suffix(n)) collect(child, out, seen);
+    }
+    return;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw std::invalid_argument("dataset file " + path + " is not a regular file (" +
+                                (S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : "a device") +
+                                "): frugal reads each example file twice and from the start");
+  }
+  out.push_back(path);
+}
+
+std::vector<std::string> dataset_files(const std::vector<std::string>& paths) {
+  if (paths.empty()) throw std::invalid_argument("no dataset files given");
+  std::vector<std::string> files, unique;
+  std::set<std::pair<dev_t, ino_t>> seen_dirs;
+  for (const auto& p : paths) collect(p, files, seen_dirs);
+  std::set<std::string> seen;
+  for (const auto& f : files) {
+    char real[PATH_MAX];
+    if (!::realpath(f.c_str(), real) || seen.insert(real).second) unique.push_back(f);
+  }
+  if (unique.empty()) throw std::invalid_argument("no *.jsonl or *.json files in the dataset (" + paths[0] + (paths.size() > 1 ? ", ..." : "") + ")");
+  return unique;
+}
+
+struct Record {
+  std::string text;
+  int64_t line = 0, bytes = 0;
+  bool overlong = false;
+};
+
+// The records of one file, read in 64 KiB pieces: its lines (blank ones skipped, a trailing "\r"
+// dropped), or, when the file's first byte other than whitespace is '[', the items of that array.
+// A record longer than max_bytes is not kept, only counted. Structural errors of an array (which
+// no skipping can step over) and read errors throw std::invalid_argument naming file and line.
+class RecordReader {
+ public:
+  RecordReader(const std::string& path, int64_t max_bytes) : path_(path), max_(static_cast<size_t>(std::max<int64_t>(max_bytes, 1))) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open
+    if (fd_ < 0) throw std::invalid_argument("dataset file " + path + " cannot be opened: " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw std::invalid_argument("dataset file " + path + " is not a regular file");
+    }
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+    buf_.resize(1 << 16);
+    if (fill() && len_ >= 3 && std::memcmp(buf_.data(), "\xEF\xBB\xBF", 3) == 0) pos_ = 3;  // a UTF-8 byte-order mark
+    skip_space();
+    array_ = peek() == '[';
+    if (array_) get();
+  }
+  ~RecordReader() { ::close(fd_); }
+  RecordReader(const RecordReader&) = delete;
+  RecordReader& operator=(const RecordReader&) = delete;
+  bool next(Record& r) { return array_ ? next_item(r) : next_line(r); }
+  bool saw_anything() const { return seen_; }
+
+ private:
+  bool fill() {
+    for (;;) {
+      const ssize_t n = ::read(fd_, buf_.data(), buf_.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::invalid_argument("dataset file " + path_ + " cannot be read: " + std::strerror(errno));
+      pos_ = 0;
+      len_ = static_cast<size_t>(n);
+      return n > 0;
+    }
+  }
+  int peek() { return pos_ < len_ || fill() ? static_cast<unsigned char>(buf_[pos_]) : -1; }
+  int get() {
+    const int c = peek();
+    if (c >= 0) ++pos_;
+    if (c == '\n') ++line_;
+    return c;
+  }
+  void skip_space() {
+    for (int c = peek(); c == ' ' || c == '\t' || c == '\r' || c == '\n'; c = peek()) get();
+  }
+  void keep(Record& r, const char* p, size_t n) {
+    r.bytes += static_cast<int64_t>(n);
+    if (r.overlong) return;
+    if (r.text.size() + n > max_) {
+      r.overlong = true;
+      std::string().swap(r.text);
+      return;
+    }
+    r.text.append(p, n);
+  }
+  [[noreturn]] void fail(const std::string& why) const {
+    throw std::invalid_argument(path_ + " line " + std::to_string(line_) + ": not valid JSON: " + why);
+  }
+
+  bool next_line(Record& r) {
+    for (;;) {
+      r.text.clear();
+      r.bytes = 0;
+      r.overlong = false;
+      r.line = line_;
+      bool any = false, newline = false;
+      while (!newline && (pos_ < len_ || fill())) {
+        any = true;
+        const char* p = buf_.data() + pos_;
+        const void* nl = std::memchr(p, '\n', len_ - pos_);
+        const size_t n = nl ? static_cast<size_t>(static_cast<const char*>(nl) - p) : len_ - pos_;
+        keep(r, p, n);
+        pos_ += n;
+        if (nl) ++pos_, ++line_, newline = true;
+      }
+      if (!any) return false;
+      if (!r.overlong && !r.text.empty() && r.text.back() == '\r') r.text.pop_back();
+      if (r.overlong || r.text.find_first_not_of(" \t\r") != std::string::npos) {
+        seen_ = true;
+        return true;
+      }
+    }
+  }
+
+  bool next_item(Record& r) {
+    skip_space();
+    int c = peek();
+    if (c < 0) fail("the array is not closed with ']'");
+    if (c == ']') {
+      if (items_ > 0 && after_comma_) fail("a ',' before ']'");
+      get();
+      skip_space();
+      if (peek() >= 0) fail("bytes after the array's closing ']'");
+      return false;
+    }
+    if (items_ > 0) {
+      if (!after_comma_) {
+        if (c != ',') fail("expected ',' or ']' after an item");
+        get();
+        after_comma_ = true;
+        return next_item(r);
+      }
+    }
+    after_comma_ = false;
+    ++items_;
+    seen_ = true;
+    r.text.clear();
+    r.bytes = 0;
+    r.overlong = false;
+    r.line = line_;
+    // One value: nested brackets counted outside strings; a scalar ends at ',', ']' or whitespace.
+    int depth = 0;
+    bool in_string = false, escape = false;
+    for (;;) {
+      c = peek();
+      if (c < 0) fail("the array is not closed with ']'");
+      if (!in_string && depth == 0 && (c == ',' || c == ']' || c == ' ' || c == '\t' || c == '\r' || c == '\n') && r.bytes > 0) break;
+      get();
+      const char ch = static_cast<char>(c);
+      keep(r, &ch, 1);
+      if (in_string) {
+        if (escape) escape = false;
+        else if (ch == '\\') escape = true;
+        else if (ch == '"') in_string = false;
+        if (!in_string && depth == 0) break;
+        continue;
+      }
+      if (ch == '"') in_string = true;
+      else if (ch == '{' || ch == '[') ++depth;
+      else if (ch == '}' || ch == ']') {
+        if (--depth < 0) fail("unbalanced brackets");
+        if (depth == 0) break;
+      }
+    }
+    return true;
+  }
+
+  std::string path_;
+  size_t max_;
+  int fd_ = -1;
+  std::vector<char> buf_;
+  size_t pos_ = 0, len_ = 0;
+  int64_t line_ = 1, items_ = 0;
+  bool array_ = false, after_comma_ = false, seen_ = false;
+};
+
+// Where the first byte that is not UTF-8 lies, or npos.
+size_t invalid_utf8_at(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c >> 5) == 6) n = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c >> 4) == 14) n = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c >> 3) == 30) n = 4, cp = c & 0x07, min = 0x10000;
+    else return i;
+    if (i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return i;
+    i += n;
+  }
+  return std::string::npos;
+}
+
+// ---- Writing: the examples file, streamed ----
+
+// An unnamed temporary file beside the output (removed at once, so nothing is left behind): the
+// flags and offsets wait there until the tokens are written.
+class Spill {
+ public:
+  explicit Spill(const std::string& near) {
+    std::string name = near + ".spill-XXXXXX";
+    fd_ = ::mkstemp(&name[0]);
+    if (fd_ < 0) throw std::runtime_error("cannot create a temporary file next to " + near + ": " + std::strerror(errno));
+    ::unlink(name.c_str());
+  }
+  ~Spill() { ::close(fd_); }
+  Spill(const Spill&) = delete;
+  Spill& operator=(const Spill&) = delete;
+  void write(const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw std::runtime_error(std::string("cannot write a temporary file: ") + std::strerror(errno));
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  void copy_to(io::AtomicFileWriter& out) {
+    if (::lseek(fd_, 0, SEEK_SET) != 0) throw std::runtime_error("cannot rewind a temporary file");
+    std::vector<char> buf(1 << 20);
+    for (;;) {
+      const ssize_t n = ::read(fd_, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::runtime_error(std::string("cannot read a temporary file: ") + std::strerror(errno));
+      if (n == 0) break;
+      out.write(buf.data(), static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+class ExamplesWriter {
+ public:
+  ExamplesWriter(const std::string& path, int64_t vocab, const std::string& fingerprint)
+      : out_(path), flags_(path), offsets_(path), vocab_(vocab), fingerprint_(fingerprint) {
+    char header[examples_format::kHeaderBytes] = {};
+    out_.write(header, sizeof(header));  // filled in by commit()
+    out_.write(fingerprint.data(), fingerprint.size());
+    pad(fingerprint.size());
+    const uint64_t zero = 0;
+    offsets_.write(&zero, 8);
+  }
+  void add(const EncodedExample& e) {
+    tokens_.insert(tokens_.end(), e.ids.begin(), e.ids.end());
+    flags_buf_.insert(flags_buf_.end(), e.loss.begin(), e.loss.end());
+    total_ += e.ids.size();
+    labels_ += static_cast<uint64_t>(std::count(e.loss.begin(), e.loss.end(), 1));
+    offsets_buf_.push_back(total_);
+    ++count_;
+    if (tokens_.size() >= kBufferTokens || offsets_buf_.size() >= kBufferTokens) flush();
+  }
+  void commit() {
+    flush();
+    pad(total_ * 4);
+    flags_.copy_to(out_);
+    pad(total_);
+    offsets_.copy_to(out_);
+    char header[examples_format::kHeaderBytes] = {};
+    std::memcpy(header, examples_format::kMagic, 8);
+    const uint32_t version = examples_format::kVersion, fp = static_cast<uint32_t>(fingerprint_.size());
+    const uint64_t vocab = static_cast<uint64_t>(vocab_);
+    std::memcpy(header + 8, &version, 4);
+    std::memcpy(header + 12, &fp, 4);
+    std::memcpy(header + 16, &vocab, 8);
+    std::memcpy(header + 24, &count_, 8);
+    std::memcpy(header + 32, &total_, 8);
+    std::memcpy(header + 40, &labels_, 8);
+    out_.write_at(0, header, sizeof(header));
+    out_.commit();
+  }
+
+ private:
+  static constexpr size_t kBufferTokens = 1 << 16;
+  void flush() {
+    out_.write(tokens_.data(), tokens_.size() * sizeof(int32_t));
+    flags_.write(flags_buf_.data(), flags_buf_.size());
+    offsets_.write(offsets_buf_.data(), offsets_buf_.size() * sizeof(uint64_t));
+    tokens_.clear();
+    flags_buf_.clear();
+    offsets_buf_.clear();
+  }
+  void pad(uint64_t bytes) {
+    static const char zeros[8] = {};
+    if (bytes % 8) out_.write(zeros, 8 - bytes % 8);
+  }
+  io::AtomicFileWriter out_;
+  Spill flags_, offsets_;
+  int64_t vocab_;
+  std::string fingerprint_;
+  std::vector<int32_t> tokens_;
+  std::vector<uint8_t> flags_buf_;
+  std::vector<uint64_t> offsets_buf_;
+  uint64_t total_ = 0, labels_ = 0, count_ = 0;
+};
+
+}  // namespace
+
+ExampleStats encode_examples(const std::vector<std::string>& paths, const Tokenizer& tok, const ExampleOptions& opt,
+                             const std::function<void(const std::string&, int64_t, const EncodedExample&)>& on_example) {
+  if (opt.max_line_bytes < 1) throw std::invalid_argument("max_line_bytes must be at least 1");
+  const ExampleEncoder encoder(tok, opt);
+  const std::vector<std::string> files = dataset_files(paths);
+  ExampleStats stats;
+  auto bad = [&](const std::string& where, const std::string& why) {
+    if (!opt.skip_bad) throw std::invalid_argument(where + ": " + why);
+    ++stats.skipped;
+    if (stats.skipped_reasons.size() < 10) stats.skipped_reasons.push_back(where + ": " + why);
+  };
+  for (const std::string& file : files) {
+    RecordReader reader(file, opt.max_line_bytes);
+    Record rec;
+    while (reader.next(rec)) {
+      const std::string where = file + " line " + std::to_string(rec.line);
+      if (rec.overlong) {
+        bad(where, "is " + std::to_string(rec.bytes) + " bytes, longer than max_line_bytes (" + std::to_string(opt.max_line_bytes) + ")");
+        continue;
+      }
+      const size_t at = invalid_utf8_at(rec.text);
+      if (at != std::string::npos) {
+        bad(where, "is not valid UTF-8 (byte " + std::to_string(at) + " of the line)");
+        continue;
+      }
+      EncodedExample e;
+      try {
+        const io::JsonValue v = io::parse_json(rec.text);
+        e = encoder.encode(v);
+      } catch (const io::JsonError& err) {
+        std::string why = err.what();
+        if (why.rfind("JSON: ", 0) == 0) why = why.substr(6);
+        bad(where, "not valid JSON: " + why);
+        continue;
+      } catch (const BadExample& err) {
+        bad(where, err.what());
+        continue;
+      }
+      stats.tokens += static_cast<int64_t>(e.ids.size());
+      stats.label_tokens += static_cast<int64_t>(std::count(e.loss.begin(), e.loss.end(), 1));
+      ++stats.examples;
+      on_example(file, rec.line, e);
+    }
+    if (!reader.saw_anything()) bad(file, "is empty (no examples)");
+  }
+  if (stats.examples == 0) {
+    throw std::invalid_argument("the dataset (" + files[0] + (files.size() > 1 ? ", ..." : "") + ") holds no examples" +
+                                (stats.skipped ? " (" + std::to_string(stats.skipped) + " skipped as bad, first: " + stats.skipped_reasons[0] + ")" : ""));
+  }
+  return stats;
+}
+
+ExampleStats tokenize_examples(const std::vector<std::string>& paths, const Tokenizer& tok, const ExampleOptions& opt,
+                               const std::string& out_path) {
+  const std::string fingerprint = examples_fingerprint(tok, opt);
+  std::unique_ptr<ExamplesWriter> writer;
+  const ExampleStats stats = encode_examples(paths, tok, opt, [&](const std::string&, int64_t, const EncodedExample& e) {
+    if (!writer) writer = std::make_unique<ExamplesWriter>(out_path, tok.vocab_size(), fingerprint);
+    writer->add(e);
+  });
+  writer->commit();
+  return stats;
+}
+
+}  // namespace data
+}  // namespace frugal
