@@ -186,7 +186,8 @@ void check_tokenizer_config_fields(const io::JsonValue& config, const std::strin
   // Change no id and no decoded text: class names, lengths and sides for padding and truncation
   // (frugal pads and cuts itself), the other special tokens' names (their ids are in the tokenizer
   // file), added_tokens_decoder (a copy of the tokenizer file's added tokens), and the chat template
-  // (the text a chat becomes, not how text becomes ids).
+  // (the text a chat becomes, not how text becomes ids: data/examples.h reads it for chats, and
+  // save_folder writes a string one back).
   static const std::set<std::string> kNeutral = {
       "tokenizer_class", "backend", "model_max_length", "padding_side", "truncation_side", "pad_token", "unk_token",
       "sep_token", "cls_token", "mask_token", "additional_special_tokens", "extra_special_tokens", "added_tokens_decoder",
@@ -247,9 +248,14 @@ Tokenizer Tokenizer::load_folder(const std::string& dir) {
       (key[4] == 'b' ? t.add_bos_ : t.add_eos_) = v->as_bool();
       t.config_add_special_ = true;
     }
+    // The chat template is kept to be written back (save_folder); data/examples.h reads it to
+    // render chats (folder_chat_template).
+    if (const io::JsonValue* v = config.find("chat_template"); v && v->is_string()) t.chat_template_ = v->as_string();
     if (t.eos_ < 0) throw std::invalid_argument(config_path + " names no eos_token and the tokenizer has none of the usual ones");
     t.fingerprint_ = fnv1a64(t.fingerprint_ + "|eos=" + std::to_string(t.eos_));
   }
+  // transformers 5 saves the chat template as chat_template.jinja, which wins over the config's.
+  if (io::is_regular_file(dir + "/chat_template.jinja")) t.chat_template_ = io::read_file(dir + "/chat_template.jinja");
   if (t.eos_ < 0) throw std::invalid_argument("tokenizer in " + dir + " has no end-of-sequence token (set eos_token in tokenizer_config.json)");
   if (t.add_bos_ && t.bos_ < 0) t.add_bos_ = false;
   if (t.add_eos_ && t.eos_ < 0) t.add_eos_ = false;
@@ -306,6 +312,7 @@ void Tokenizer::save_folder(const std::string& dir) const {
   if (unk >= 0) w.key("unk_token").value("<unk>");
   w.key("add_bos_token").value(add_bos_).key("add_eos_token").value(add_eos_);
   w.key("clean_up_tokenization_spaces").value(clean_up_spaces_);
+  if (!chat_template_.empty()) w.key("chat_template").value(chat_template_);
   w.end_object();
   config << "\n";
   io::write_file_atomic(dir + "/tokenizer_config.json", config.str());

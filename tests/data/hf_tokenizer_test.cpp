@@ -238,6 +238,14 @@ TEST(HfTokenizerFolder, EveryTokenizerConfigFieldIsHonouredNeutralOrRefusedByNam
   const std::string text = "Hello , world . Is n't it ?";
   // transformers' clean-up drops the space before punctuation and contractions when decoding.
   EXPECT_EQ(t.decode(t.encode(text)), "Hello, world. Isn't it?");
+  // The chat template is kept and written back (a fine-tuned chat model keeps its template);
+  // transformers 5's chat_template.jinja wins over the config's.
+  EXPECT_EQ(t.chat_template(), "{{ messages }}");
+  const std::string saved = temp_dir("config_fields_saved");
+  t.save_folder(saved);
+  EXPECT_EQ(Tokenizer::load_folder(saved).chat_template(), "{{ messages }}");
+  frugal::io::write_file_atomic(saved + "/chat_template.jinja", "{{ bos_token }}");
+  EXPECT_EQ(Tokenizer::load_folder(saved).chat_template(), "{{ bos_token }}");
   for (const char* field : {R"("do_lower_case": true)", R"("split_special_tokens": true)", R"("add_prefix_space": true)",
                             R"("some_new_option": 3)"}) {
     frugal::io::write_file_atomic(d + "/tokenizer_config.json", std::string(R"({"eos_token": "<|endoftext|>", )") + field + "}");

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +36,9 @@ namespace data {
 
 enum class ExampleFormat { alpaca, prompt_completion, messages };
 enum class ChatTemplate { plain, alpaca, llama2, llama3, chatml };
+constexpr std::array<ExampleFormat, 3> kExampleFormats = {ExampleFormat::alpaca, ExampleFormat::prompt_completion, ExampleFormat::messages};
+constexpr std::array<ChatTemplate, 5> kChatTemplates = {ChatTemplate::plain, ChatTemplate::alpaca, ChatTemplate::llama2, ChatTemplate::llama3,
+                                                        ChatTemplate::chatml};
 
 // "alpaca", "prompt_completion", "messages"; parse_example_format is the inverse (nullopt for any other text).
 const char* example_format_name(ExampleFormat f);

@@ -50,6 +50,9 @@ class Tokenizer {
   bool add_bos() const { return add_bos_; }  // whether the model expects BOS before a text
   bool add_eos() const { return add_eos_; }
   const std::string& path() const { return path_; }
+  // The folder's chat template (chat_template.jinja, else tokenizer_config.json's chat_template when it
+  // is a string; "" otherwise); save_folder writes it back into tokenizer_config.json.
+  const std::string& chat_template() const { return chat_template_; }
   // The id of a token's spelling ("</s>", "<|im_end|>"), -1 when the tokenizer has no such token;
   // id_to_token is the inverse ("" for an id it lacks).
   int32_t token_to_id(const std::string& token) const;
@@ -74,6 +77,7 @@ class Tokenizer {
   int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false, add_eos_ = false, config_add_special_ = false, prepends_space_ = false;
   bool clean_up_spaces_ = false;  // tokenizer_config.json's clean_up_tokenization_spaces (decode only)
+  std::string chat_template_;     // tokenizer_config.json's chat_template (a string), written back by save_folder
   std::string fingerprint_;
   static Tokenizer load_sentencepiece(const std::string& model_path);
   static Tokenizer load_json(const std::string& json_path);
