@@ -632,12 +632,13 @@ at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets
     return loss::chunked_cross_entropy(h, head_weight(), at::Tensor(), targets,
                                        loss::ChunkedCrossEntropyOptions()
                                            .chunk_size(options.chunk_size())
-                                           .ignore_index(options.ignore_index()));
+                                           .ignore_index(options.ignore_index())
+                                           .reduction(options.reduction()));
   }
   const at::Tensor logits = at::linear(h, head_weight()).reshape({-1, config_.vocab_size});  // (B*T, V)
-  return torch::nn::functional::cross_entropy(
-      logits.to(at::kFloat), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.ignore_index()));
+  auto ce = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.ignore_index());
+  if (options.reduction() == loss::Reduction::sum) ce.reduction(torch::kSum);
+  return torch::nn::functional::cross_entropy(logits.to(at::kFloat), targets.reshape({-1}), ce);
 }
 
 namespace {

@@ -7,7 +7,8 @@
 // GPT-2: learned positions, LayerNorm, GELU MLP (erf or tanh), biases, tied or untied head.
 // Parameter names follow Hugging Face's (model.layers.0.self_attn.q_proj.weight, ...), so
 // checkpoints map one to one. Every block can run under any checkpointing policy or plan; the head
-// can use the chunked loss; logits_with_cache decodes incrementally with a KVCache.
+// can use the chunked loss, averaged or summed over the counted tokens; logits_with_cache decodes
+// incrementally with a KVCache.
 // Packed sequences: an optional segments tensor (B, T) puts several examples in one row; each
 // attends only within itself and its positions restart at 0 (the mask and Llama's rotary tables or
 // GPT-2's positions are built once per forward and shared by every block, checkpointed or not).
@@ -15,7 +16,8 @@
 //   frugal::models::DecoderConfig cfg;  cfg.vocab_size = 4096;  cfg.dim = 256;  cfg.n_layers = 6;
 //   auto model = frugal::models::make_decoder(cfg);
 //   at::Tensor loss = model->loss(tokens, targets, frugal::models::LossOptions().chunked(true));
-//   at::Tensor packed = model->loss(tokens, targets, {}, segments);  // segments: (B, T) int64, one value per example
+//   at::Tensor sum = model->loss(tokens, targets,   // segments: (B, T) int64, one value per example
+//       frugal::models::LossOptions().reduction(frugal::loss::Reduction::sum), segments);
 #pragma once
 
 #include <torch/arg.h>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "frugal/checkpoint/planner.h"
+#include "frugal/loss/chunked_cross_entropy.h"
 #include "frugal/models/attention.h"
 
 namespace frugal {
@@ -100,6 +103,9 @@ struct LossOptions {
   TORCH_ARG(bool, chunked) = false;
   TORCH_ARG(int64_t, chunk_size) = 1024;
   TORCH_ARG(int64_t, ignore_index) = -100;
+  // mean: over the targets != ignore_index; sum: their token losses added up (a trainer divides by
+  // the label tokens of a whole step, across micro-batches and ranks, as transformers does).
+  TORCH_ARG(loss::Reduction, reduction) = loss::Reduction::mean;
 };
 
 // Keys and values of the positions already seen, per layer, for incremental decoding.
@@ -140,7 +146,8 @@ class DecoderImpl : public torch::nn::Module {
   //   at::Tensor first = model->logits_with_cache(prompt, cache);        // (B, T, V), cache.length = T
   //   at::Tensor next = model->logits_with_cache(last_token, cache);     // (B, 1, V) at position T
   at::Tensor logits_with_cache(const at::Tensor& tokens, KVCache& cache);
-  // Mean cross-entropy of predicting targets (B, T) (ignore_index skipped); segments as hidden_states'.
+  // Cross-entropy of predicting targets (B, T) (ignore_index skipped), averaged or summed over the
+  // counted tokens (options.reduction); segments as hidden_states'. In fp32.
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {},
                   const at::Tensor& segments = {});
 
