@@ -132,6 +132,23 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   return a;
 }
 
+PackingBytes packing_bytes(const DecoderConfig& c, int64_t batch, int64_t seq, at::ScalarType dtype,
+                           std::optional<at::ScalarType> compute_dtype) {
+  const Size ce = static_cast<int64_t>(c10::elementSize(compute_dtype.value_or(dtype)));
+  const Size B = batch, T = seq, hd = c.head_dim();
+  PackingBytes p;
+  // explicit: where's condition, the bool mask itself; sdpa: the additive mask of q's dtype
+  p.mask = (B * T * T * (c.attention == AttentionKernel::sdpa ? ce : Size(1))).v;
+  if (c.arch == "llama") {
+    p.positions = (2 * B * T * hd * 4).v;
+    p.block_plain = -(2 * T * hd * 4).v;
+  } else {
+    p.positions = (Size(batch - 1) * T * 8).v;
+  }
+  p.segments = (B * T * 8).v;
+  return p;
+}
+
 DecoderFlops decoder_flops(const DecoderConfig& c, int64_t batch, int64_t seq) {
   const double BT = static_cast<double>(batch * seq), d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim()), T = static_cast<double>(seq);

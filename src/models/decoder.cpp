@@ -123,20 +123,31 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t offset, int64_t T, int64
   return {emb.cos(), emb.sin()};
 }
 
-// Rotary embedding as a Function that keeps nothing but the tables: x: (B, T, H, hd) -> (B, H, T, hd),
-// a transposed view laid out (B, T, H, hd). sdpa's output follows its query's layout, so merging
-// the heads after it is then a view too, not a copy kept by o_proj beside the output sdpa keeps.
+// cos, sin: (B, T, hd) at each token's position (B, T) int64, all below T (dynamic scaling is
+// checked for T): a packed forward's tables, made once and read by every block.
+std::pair<at::Tensor, at::Tensor> rotary_tables_at(const at::Tensor& positions, int64_t hd, const DecoderConfig& c) {
+  const auto f32 = positions.options().dtype(at::kFloat);
+  const at::Tensor inv_freq = rotary_inv_freq(hd, c.rope_theta, c.rope_scaling, c.max_seq_len, positions.size(1), f32);
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // (B, T, hd/2)
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);                            // (B, T, hd)
+  return {emb.cos(), emb.sin()};
+}
+
+// Rotary embedding as a Function that keeps nothing but the tables: x: (B, T, H, hd) and cos, sin
+// (T, hd), or (B, T, hd) per token -> (B, H, T, hd), a transposed view laid out (B, T, H, hd).
+// sdpa's output follows its query's layout, so merging the heads after it is then a view too, not
+// a copy kept by o_proj beside the output sdpa keeps.
 class RotaryFn : public torch::autograd::Function<RotaryFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
-    const at::Tensor c = cos.unsqueeze(1).to(x.scalar_type()), s = sin.unsqueeze(1).to(x.scalar_type());  // (T, 1, hd)
+    const at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type()), s = sin.unsqueeze(-2).to(x.scalar_type());  // ([B,] T, 1, hd)
     return {(x * c + rotate_half(x) * s).transpose(1, 2)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor g = grads[0].transpose(1, 2);  // (B, T, H, hd)
-    const at::Tensor c = saved[0].unsqueeze(1).to(g.scalar_type()), s = saved[1].unsqueeze(1).to(g.scalar_type());
+    const at::Tensor c = saved[0].unsqueeze(-2).to(g.scalar_type()), s = saved[1].unsqueeze(-2).to(g.scalar_type());
     // y = x c + R(x) s with R(x) = (-x2, x1); R^T(u) = (u2, -u1) = -R(u)
     return {g * c - rotate_half(g * s), at::Tensor(), at::Tensor()};
   }
@@ -230,8 +241,14 @@ struct LlamaAttentionImpl : torch::nn::Module {
   // x: (B, T, d) at positions offset.. -> (B, T, d); with keys/values given, the new positions'
   // are appended to them (B, KV, S, hd) and attention runs over all of them.
   at::Tensor forward(const at::Tensor& x, int64_t offset = 0, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
+    const auto [cos, sin] = rotary_tables(offset, x.size(1), hd, c, x.options());
+    return attend(x, cos, sin, at::Tensor(), keys, values);
+  }
+  // x: (B, T, d) with rotary tables cos, sin ((T, hd) or (B, T, hd)) and an optional attention mask
+  // (attention.h) -> (B, T, d); keys and values as forward's
+  at::Tensor attend(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
+                    at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
     const int64_t B = x.size(0), T = x.size(1);
-    const auto [cos, sin] = rotary_tables(offset, T, hd, c, x.options());
     const at::Tensor q = RotaryFn::apply(lin(q_proj, x).view({B, T, H, hd}), cos, sin)[0];  // (B, H, T, hd)
     at::Tensor k = RotaryFn::apply(lin(k_proj, x).view({B, T, KV, hd}), cos, sin)[0];       // (B, KV, T, hd)
     at::Tensor v = lin(v_proj, x).view({B, T, KV, hd}).transpose(1, 2);                     // (B, KV, T, hd)
@@ -239,7 +256,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
       k = append(*keys, k);  // (B, KV, S, hd)
       v = append(*values, v);
     }
-    const at::Tensor att = causal_attention(q, repeat_kv(k, H / KV), repeat_kv(v, H / KV), c.attention);  // (B, H, T, hd)
+    const at::Tensor att = causal_attention(q, repeat_kv(k, H / KV), repeat_kv(v, H / KV), c.attention, mask);  // (B, H, T, hd)
     return lin(o_proj, att.transpose(1, 2).reshape({B, T, H * hd}));
   }
 };
@@ -280,6 +297,11 @@ struct LlamaDecoderLayerImpl : torch::nn::Module {
   // x: (B, T, d) -> (B, T, d); the cache arguments as LlamaAttention's
   at::Tensor forward(const at::Tensor& x, int64_t offset = 0, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
     const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), offset, keys, values);
+    return h + mlp->forward(post_attention_layernorm->forward(h));
+  }
+  // x: (B, T, d) packed -> (B, T, d): the forward's shared rotary tables (B, T, hd) and mask
+  at::Tensor forward_packed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask) {
+    const at::Tensor h = x + self_attn->attend(input_layernorm->forward(x), cos, sin, mask);
     return h + mlp->forward(post_attention_layernorm->forward(h));
   }
 };
@@ -335,7 +357,21 @@ class LlamaForCausalLM : public DecoderImpl {
     init_weights(*this);
   }
   at::Tensor embed(const at::Tensor& tokens) override { return model->embed_tokens->forward(tokens); }
-  at::Tensor hidden_states(const at::Tensor& tokens) override { return model->norm->forward(run_blocks(embed(tokens))); }
+  at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& segments) override {
+    if (!segments.defined()) return model->norm->forward(run_blocks(embed(tokens)));
+    check_segments(tokens, segments);
+    const at::Tensor x = embed(tokens);  // (B, T, d)
+    // The layout every block reads, made once: rotary tables (B, T, hd) at the restarted
+    // positions, and the mask in the form the kernel keeps least of (attention.h).
+    const auto [cos, sin] = rotary_tables_at(segment_positions(segments), config_.head_dim(), config_);
+    const at::Tensor mask =
+        attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
+    std::vector<checkpoint::UnaryFn> forwards;
+    for (LlamaDecoderLayer b : model->blocks) {
+      forwards.push_back([b, c = cos, s = sin, mask](const at::Tensor& h) mutable { return b->forward_packed(h, c, s, mask); });
+    }
+    return model->norm->forward(run_blocks(x, std::move(forwards)));
+  }
   at::Tensor head_weight() override { return config_.tie_embeddings ? model->embed_tokens->weight : lm_head->weight; }
   std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(model->blocks); }
 
@@ -364,8 +400,10 @@ struct GPT2AttentionImpl : torch::nn::Module {
     c_attn = register_module("c_attn", torch::nn::Linear(c.dim, 3 * c.dim));
     c_proj = register_module("c_proj", torch::nn::Linear(c.dim, c.dim));
   }
-  // x: (B, T, d) -> (B, T, d); with keys/values given, the new positions' are appended to them
-  at::Tensor forward(const at::Tensor& x, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
+  // x: (B, T, d) -> (B, T, d); with keys/values given, the new positions' are appended to them; an
+  // optional attention mask (attention.h) replaces the causal triangle
+  at::Tensor forward(const at::Tensor& x, at::Tensor* keys = nullptr, at::Tensor* values = nullptr,
+                     const at::Tensor& mask = {}) {
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2);
     const at::Tensor parts = lin(c_attn, x).view({B, T, 3, H, d / H}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, hd)
     at::Tensor k = parts[1], v = parts[2];
@@ -373,7 +411,7 @@ struct GPT2AttentionImpl : torch::nn::Module {
       k = append(*keys, k);  // (B, H, S, hd)
       v = append(*values, v);
     }
-    const at::Tensor att = causal_attention(parts[0], k, v, kernel);  // (B, H, T, hd)
+    const at::Tensor att = causal_attention(parts[0], k, v, kernel, mask);  // (B, H, T, hd)
     return lin(c_proj, att.transpose(1, 2).reshape({B, T, d}));
   }
 };
@@ -404,6 +442,10 @@ struct GPT2BlockImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x, at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {  // (B, T, d)
     const at::Tensor h = x + attn->forward(ln_1->forward(x), keys, values);
+    return h + mlp->forward(ln_2->forward(h));
+  }
+  at::Tensor forward_packed(const at::Tensor& x, const at::Tensor& mask) {  // (B, T, d), the forward's shared mask
+    const at::Tensor h = x + attn->forward(ln_1->forward(x), nullptr, nullptr, mask);
     return h + mlp->forward(ln_2->forward(h));
   }
 };
@@ -442,7 +484,21 @@ class GPT2LMHead : public DecoderImpl {
     init_weights(*this);
   }
   at::Tensor embed(const at::Tensor& tokens) override { return embed_at(tokens, 0); }
-  at::Tensor hidden_states(const at::Tensor& tokens) override { return transformer->ln_f->forward(run_blocks(embed(tokens))); }
+  at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& segments) override {
+    if (!segments.defined()) return transformer->ln_f->forward(run_blocks(embed(tokens)));
+    check_segments(tokens, segments);
+    check_positions(tokens.size(1));
+    // wpe at each token's restarted position (its (B, T) indices kept for wpe's backward); the
+    // mask made once, in the form the kernel keeps least of (attention.h)
+    const at::Tensor x = transformer->wte->forward(tokens) + transformer->wpe->forward(segment_positions(segments));
+    const at::Tensor mask =
+        attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
+    std::vector<checkpoint::UnaryFn> forwards;
+    for (GPT2Block b : transformer->blocks) {
+      forwards.push_back([b, mask](const at::Tensor& h) mutable { return b->forward_packed(h, mask); });
+    }
+    return transformer->ln_f->forward(run_blocks(x, std::move(forwards)));
+  }
   at::Tensor head_weight() override { return config_.tie_embeddings ? transformer->wte->weight : lm_head->weight; }
   std::vector<checkpoint::ChainBlock> chain() override { return checkpoint::make_chain(transformer->blocks); }
 
@@ -455,11 +511,15 @@ class GPT2LMHead : public DecoderImpl {
   }
 
  private:
+  // positions up to end - 1 exist (wpe has max_seq_len rows)
+  void check_positions(int64_t end) const {
+    TORCH_CHECK(end <= config_.max_seq_len, "gpt2: position ", end - 1, " is past max_seq_len ", config_.max_seq_len,
+                " (n_positions)");
+  }
   // tokens: (B, T) at positions offset.. -> (B, T, d)
   at::Tensor embed_at(const at::Tensor& tokens, int64_t offset) {
     const int64_t T = tokens.size(1);
-    TORCH_CHECK(offset + T <= config_.max_seq_len, "gpt2: position ", offset + T - 1, " is past max_seq_len ",
-                config_.max_seq_len, " (n_positions)");
+    check_positions(offset + T);
     const at::Tensor pos = at::arange(offset, offset + T, tokens.options());
     return transformer->wte->forward(tokens) + transformer->wpe->forward(pos);
   }
@@ -518,8 +578,43 @@ at::Tensor DecoderImpl::run_blocks(const at::Tensor& x) {
   return plan_ ? checkpoint::run_plan(chain_, x, *plan_) : checkpoint::run_chain(chain_, x, policy_);
 }
 
-at::Tensor DecoderImpl::logits(const at::Tensor& tokens) {
-  return at::linear(hidden_states(tokens), head_weight());  // (B, T, V)
+at::Tensor DecoderImpl::run_blocks(const at::Tensor& x, std::vector<checkpoint::UnaryFn> forwards) {
+  if (chain_.empty()) chain_ = chain();
+  TORCH_CHECK(forwards.size() == chain_.size(), "run_blocks: ", forwards.size(), " forwards for ", chain_.size(), " blocks");
+  // This call's chain: the closures go into the checkpointed regions, which keep them until their
+  // backward, so a later forward (another layout) cannot change what a recompute reads.
+  std::vector<checkpoint::ChainBlock> chain = chain_;
+  for (size_t i = 0; i < chain.size(); ++i) chain[i].forward = std::move(forwards[i]);
+  return plan_ ? checkpoint::run_plan(chain, x, *plan_) : checkpoint::run_chain(chain, x, policy_);
+}
+
+void DecoderImpl::check_segments(const at::Tensor& tokens, const at::Tensor& segments) {
+  TORCH_CHECK(segments.sizes() == tokens.sizes(), "segments must have the tokens' shape ", tokens.sizes(), ", got ",
+              segments.sizes());
+  TORCH_CHECK(segments.scalar_type() == at::kLong, "segments must be int64, got ", segments.scalar_type());
+  TORCH_CHECK(segments.device() == tokens.device(), "segments must be on the tokens' device ", tokens.device(), ", got ",
+              segments.device());
+}
+
+at::Tensor segment_positions(const at::Tensor& segments) {
+  TORCH_CHECK(segments.dim() == 2 && !at::isFloatingType(segments.scalar_type()) && segments.scalar_type() != at::kBool,
+              "segment_positions: segments must be (B, T) integers, got ", segments.sizes(), " ", segments.scalar_type());
+  const int64_t B = segments.size(0), T = segments.size(1);
+  const auto i64 = segments.options().dtype(at::kLong);
+  // index (B, T): each token's index; a run's first token is where its value differs from the
+  // previous one's; the running maximum of those first indices is each token's run start
+  const at::Tensor index = at::arange(T, i64).expand({B, T});
+  at::Tensor starts = at::ones({B, T}, i64.dtype(at::kBool));
+  if (T > 1) {
+    at::Tensor later = starts.narrow(1, 1, T - 1);
+    at::ne_out(later, segments.narrow(1, 1, T - 1), segments.narrow(1, 0, T - 1));
+  }
+  const at::Tensor run_start = std::get<0>(at::cummax(at::where(starts, index, 0), 1));
+  return index - run_start;  // (B, T)
+}
+
+at::Tensor DecoderImpl::logits(const at::Tensor& tokens, const at::Tensor& segments) {
+  return at::linear(hidden_states(tokens, segments), head_weight());  // (B, T, V)
 }
 
 at::Tensor DecoderImpl::logits_with_cache(const at::Tensor& tokens, KVCache& cache) {
@@ -530,17 +625,20 @@ at::Tensor DecoderImpl::logits_with_cache(const at::Tensor& tokens, KVCache& cac
   return at::linear(h, head_weight()).to(at::kFloat);  // (B, T, V)
 }
 
-at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options) {
-  const at::Tensor h = hidden_states(tokens);  // (B, T, d)
+at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options,
+                             const at::Tensor& segments) {
+  const at::Tensor h = hidden_states(tokens, segments);  // (B, T, d)
   if (options.chunked()) {
     return loss::chunked_cross_entropy(h, head_weight(), at::Tensor(), targets,
-                                       loss::ChunkedCrossEntropyOptions().chunk_size(options.chunk_size()).ignore_index(
-                                           options.ignore_index()));
+                                       loss::ChunkedCrossEntropyOptions()
+                                           .chunk_size(options.chunk_size())
+                                           .ignore_index(options.ignore_index())
+                                           .reduction(options.reduction()));
   }
   const at::Tensor logits = at::linear(h, head_weight()).reshape({-1, config_.vocab_size});  // (B*T, V)
-  return torch::nn::functional::cross_entropy(
-      logits.to(at::kFloat), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.ignore_index()));
+  auto ce = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.ignore_index());
+  if (options.reduction() == loss::Reduction::sum) ce.reduction(torch::kSum);
+  return torch::nn::functional::cross_entropy(logits.to(at::kFloat), targets.reshape({-1}), ce);
 }
 
 namespace {

@@ -7,6 +7,8 @@
 //   auto a = frugal::models::decoder_activation_bytes(cfg, /*batch=*/16, /*seq=*/128, at::kFloat, loss_options);
 //   int64_t kept = cfg.n_layers * a.block_plain + a.head_kept;   // no checkpointing
 //   auto numels = frugal::models::parameter_numels(cfg);          // one per parameter, in module order
+//   auto p = frugal::models::packing_bytes(cfg, 16, 128, at::kFloat);  // packed rows (segments) add
+//   kept += p.kept(cfg.n_layers);                                 // ... this, with every block plain
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -50,6 +52,26 @@ constexpr int64_t kMaxSizeBytes = int64_t{1} << 56;
 DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& config, int64_t batch, int64_t seq,
                                                 at::ScalarType dtype, const LossOptions& loss,
                                                 std::optional<at::ScalarType> compute_dtype = std::nullopt);
+
+// What a packed forward (segments given to hidden_states, logits or loss) keeps beyond the same
+// forward unpacked, in bytes: the layout is made once per forward and shared by every block; the
+// chain's closures hold it until the last checkpointed block's backward, whatever the policy.
+struct PackingBytes {
+  int64_t mask = 0;         // the (B, 1, T, T) attention mask: bool (explicit kernel) or additive in
+                            // the compute dtype (sdpa), attention.h's attention_mask_for
+  int64_t positions = 0;    // llama: the rotary tables cos and sin, (B, T, hd) fp32 each; gpt2: the
+                            // (B, T) int64 positions wpe keeps for backward, less the (T) arange the
+                            // unpacked forward keeps there
+  int64_t block_plain = 0;  // per block run plainly, to add to block_plain: llama's packed blocks make
+                            // no (T, hd) tables of their own (minus 2 T hd 4); 0 for gpt2
+  int64_t segments = 0;     // the (B, T) int64 input beside tokens and targets (the input category)
+  // Kept through forward and backward with plain_blocks blocks run plainly (the rest checkpointed).
+  int64_t kept(int64_t plain_blocks) const { return mask + positions + plain_blocks * block_plain; }
+};
+// dtype: the parameters'; compute_dtype: the matrix products' under autocast (default: dtype); the
+// kernel is config.attention.
+PackingBytes packing_bytes(const DecoderConfig& config, int64_t batch, int64_t seq, at::ScalarType dtype,
+                           std::optional<at::ScalarType> compute_dtype = std::nullopt);
 
 // Floating-point operations of the matrix products (and attention's two batched products) of one
 // forward pass over batch x seq tokens; a training step is 3x that, plus one more forward of every

@@ -7,11 +7,17 @@
 // GPT-2: learned positions, LayerNorm, GELU MLP (erf or tanh), biases, tied or untied head.
 // Parameter names follow Hugging Face's (model.layers.0.self_attn.q_proj.weight, ...), so
 // checkpoints map one to one. Every block can run under any checkpointing policy or plan; the head
-// can use the chunked loss; logits_with_cache decodes incrementally with a KVCache.
+// can use the chunked loss, averaged or summed over the counted tokens; logits_with_cache decodes
+// incrementally with a KVCache.
+// Packed sequences: an optional segments tensor (B, T) puts several examples in one row; each
+// attends only within itself and its positions restart at 0 (the mask and Llama's rotary tables or
+// GPT-2's positions are built once per forward and shared by every block, checkpointed or not).
 //
 //   frugal::models::DecoderConfig cfg;  cfg.vocab_size = 4096;  cfg.dim = 256;  cfg.n_layers = 6;
 //   auto model = frugal::models::make_decoder(cfg);
 //   at::Tensor loss = model->loss(tokens, targets, frugal::models::LossOptions().chunked(true));
+//   at::Tensor sum = model->loss(tokens, targets,   // segments: (B, T) int64, one value per example
+//       frugal::models::LossOptions().reduction(frugal::loss::Reduction::sum), segments);
 #pragma once
 
 #include <torch/arg.h>
@@ -28,6 +34,7 @@
 #include <vector>
 
 #include "frugal/checkpoint/planner.h"
+#include "frugal/loss/chunked_cross_entropy.h"
 #include "frugal/models/attention.h"
 
 namespace frugal {
@@ -96,6 +103,9 @@ struct LossOptions {
   TORCH_ARG(bool, chunked) = false;
   TORCH_ARG(int64_t, chunk_size) = 1024;
   TORCH_ARG(int64_t, ignore_index) = -100;
+  // mean: over the targets != ignore_index; sum: their token losses added up (a trainer divides by
+  // the label tokens of a whole step, across micro-batches and ranks, as transformers does).
+  TORCH_ARG(loss::Reduction, reduction) = loss::Reduction::mean;
 };
 
 // Keys and values of the positions already seen, per layer, for incremental decoding.
@@ -111,27 +121,35 @@ class DecoderImpl : public torch::nn::Module {
 
   // tokens: (B, T) int64 -> the blocks' input: (B, T, dim)
   virtual at::Tensor embed(const at::Tensor& tokens) = 0;
-  // tokens: (B, T) int64 -> hidden states after the final norm: (B, T, dim)
-  virtual at::Tensor hidden_states(const at::Tensor& tokens) = 0;
+  // tokens: (B, T) int64 -> hidden states after the final norm: (B, T, dim).
+  // segments (optional): (B, T) int64, each row non-decreasing; the tokens of one run of equal
+  // values are one example: they attend only to each other (and causally), at positions from 0.
+  // Undefined: one sequence per row, exactly the computation without the argument.
+  virtual at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& segments) = 0;
+  at::Tensor hidden_states(const at::Tensor& tokens) { return hidden_states(tokens, at::Tensor()); }
   // The output head's weight: (vocab, dim) (the embedding's when tied).
   virtual at::Tensor head_weight() = 0;
-  // The blocks as a chain (for checkpointing policies, plans and the planner).
+  // The blocks as a chain (for checkpointing policies, plans and the planner): unpacked rows. A
+  // packed forward runs a chain of its own, whose closures hold that forward's mask and positions
+  // until a checkpointed block's recompute in backward has used them.
   virtual std::vector<checkpoint::ChainBlock> chain() = 0;
 
   // How the blocks run: a policy (default none) or a plan.
   void set_checkpointing(const checkpoint::CheckpointPolicy& policy);
   void set_plan(const checkpoint::ActivationPlan& plan);
 
-  // tokens: (B, T) -> logits (B, T, vocab)
-  at::Tensor logits(const at::Tensor& tokens);
+  // tokens: (B, T), segments as hidden_states' -> logits (B, T, vocab)
+  at::Tensor logits(const at::Tensor& tokens, const at::Tensor& segments = {});
   // tokens: (B, T) at positions cache.length .. cache.length+T-1 -> logits (B, T, vocab) in fp32;
   // appends those positions' keys and values to the cache. Runs without autograd and without checkpointing.
   //   models::KVCache cache;
   //   at::Tensor first = model->logits_with_cache(prompt, cache);        // (B, T, V), cache.length = T
   //   at::Tensor next = model->logits_with_cache(last_token, cache);     // (B, 1, V) at position T
   at::Tensor logits_with_cache(const at::Tensor& tokens, KVCache& cache);
-  // Mean cross-entropy of predicting targets (B, T) (ignore_index skipped).
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {});
+  // Cross-entropy of predicting targets (B, T) (ignore_index skipped), averaged or summed over the
+  // counted tokens (options.reduction); segments as hidden_states'. In fp32.
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {},
+                  const at::Tensor& segments = {});
 
  protected:
   explicit DecoderImpl(DecoderConfig config) : config_(std::move(config)) {}
@@ -139,6 +157,11 @@ class DecoderImpl : public torch::nn::Module {
   virtual at::Tensor hidden_states_with_cache(const at::Tensor& tokens, KVCache& cache) = 0;
   // Runs the blocks over x (B, T, dim) as the policy or plan says.
   at::Tensor run_blocks(const at::Tensor& x);
+  // The same with block i running forwards[i] (a packed forward's closures over its layout); the
+  // parameters and buffers are the chain's.
+  at::Tensor run_blocks(const at::Tensor& x, std::vector<checkpoint::UnaryFn> forwards);
+  // Checks segments against tokens (both (B, T), int64, one device).
+  static void check_segments(const at::Tensor& tokens, const at::Tensor& segments);
 
   DecoderConfig config_;
   checkpoint::CheckpointPolicy policy_ = checkpoint::CheckpointPolicy::none();
@@ -164,6 +187,10 @@ class RMSNormImpl : public torch::nn::Module {
   double eps_;
 };
 TORCH_MODULE(RMSNorm);
+
+// segments: (B, T) integers, each row non-decreasing -> (B, T) int64: each token's index within its
+// run of equal values (its example), i.e. its index minus the index where its run starts.
+at::Tensor segment_positions(const at::Tensor& segments);
 
 // q, k: (B, H, T, hd) rotated by position (rotate-half layout); positions 0..T-1.
 std::pair<at::Tensor, at::Tensor> apply_rotary(const at::Tensor& q, const at::Tensor& k, double theta);
