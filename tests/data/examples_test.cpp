@@ -240,6 +240,21 @@ TEST(ExamplesTemplates, RecognizesTheKnownJinjaTextsAndNoOthers) {
   const std::string unknown = error_of([&] { folder_chat_template(byte_folder("fold_unknown", true, "{{ messages }}")); });
   EXPECT_HAS(unknown, "tokenizer_config.json's chat_template is not one frugal knows (built in: alpaca, plain, llama2, llama3, chatml)");
   EXPECT_HAS(unknown, "set data.template to one of them");
+  // chat_template.jinja, as transformers 5 saves it, wins over the config's; a list's "default".
+  const std::string both = byte_folder("fold_jinja", true, chat_template_jinja(ChatTemplate::llama3));
+  write(both + "/chat_template.jinja", chat_template_jinja(ChatTemplate::chatml) + "\n");
+  EXPECT_EQ(folder_chat_template(both), ChatTemplate::chatml);
+  write(both + "/chat_template.jinja", "{{ messages }}");
+  EXPECT_HAS(error_of([&] { folder_chat_template(both); }), "chat_template.jinja is not one frugal knows");
+  const std::string listed = byte_folder("fold_list", true);
+  std::ostringstream config;
+  frugal::io::JsonWriter w(config, 0);
+  w.begin_object().key("eos_token").value("</s>").key("chat_template").begin_array();
+  w.begin_object().key("name").value("tool_use").key("template").value("{{ tools }}").end_object();
+  w.begin_object().key("name").value("default").key("template").value(chat_template_jinja(ChatTemplate::llama2)).end_object();
+  w.end_array().end_object();
+  write(listed + "/tokenizer_config.json", config.str());
+  EXPECT_EQ(folder_chat_template(listed), ChatTemplate::llama2);
 }
 
 // Every template on the byte tokenizer: ids are the text's bytes with special spellings as their

@@ -69,8 +69,10 @@ ChatTemplate resolve_chat_template(const Tokenizer& tok, const ExampleOptions& o
 // the output is normalised away (outside string literals; Jinja's {%- -%} trims and transformers'
 // trim_blocks/lstrip_blocks); string literals compare by value ('\n' and a newline are the same).
 std::optional<ChatTemplate> recognize_chat_template(const std::string& jinja);
-// The chat_template of dir/tokenizer_config.json, recognised. Throws std::invalid_argument
-// "...has no chat_template" when absent, "...is not one frugal knows (built in: ...)" when unknown.
+// A tokenizer folder's chat template, recognised: dir/chat_template.jinja (transformers 5 saves it
+// there, and it wins) or tokenizer_config.json's chat_template (a string, or the "default" of a
+// list of named ones). Throws std::invalid_argument "...has no chat_template" when absent,
+// "...is not one frugal knows (built in: ...); set data.template to one of them" when unknown.
 ChatTemplate folder_chat_template(const std::string& dir);
 // The canonical Jinja text of a chat template (llama2, llama3, chatml); "" for plain and alpaca.
 const std::string& chat_template_jinja(ChatTemplate t);
