@@ -1,5 +1,6 @@
-// frugal tokenizer — train a SentencePiece tokenizer on a corpus, or encode text with a tokenizer
-// (a SentencePiece .model, a tokenizer.json or a model folder).
+// frugal tokenizer — train a SentencePiece tokenizer on a corpus, encode text with a tokenizer
+// (a SentencePiece .model, a tokenizer.json or a model folder), or show how instruction and chat
+// examples become tokens and loss flags.
 #include <iostream>
 
 #include "frugal/io/files.h"
@@ -8,6 +9,7 @@
 #include "args.h"
 #include "commands.h"
 #include "frugal/data/corpus.h"
+#include "frugal/data/examples.h"
 #include "frugal/data/tokenizer.h"
 
 namespace frugal {
@@ -17,17 +19,22 @@ namespace {
 const char* kUsage =
     "usage: frugal tokenizer train CORPUS --out PREFIX [--vocab-size N] [--model-type bpe|unigram]\n"
     "       frugal tokenizer encode TOKENIZER (TEXT | --text-file F) [--json] [--add-special-tokens]\n"
+    "       frugal tokenizer examples TOKENIZER FILE... [--format alpaca|prompt_completion|messages]\n"
+    "                [--template plain|alpaca|llama2|llama3|chatml] [--train-on-prompt] [--skip-bad]\n"
     "\n"
     "train: a SentencePiece model (Llama's tokenizer.model format) on a text file or folder; writes\n"
     "       PREFIX.model and PREFIX.vocab.\n"
     "encode: print the ids of TEXT, then the text decoded back. TOKENIZER is a .model, a tokenizer.json or\n"
     "       a model folder (tokenizer.json or tokenizer.model, and tokenizer_config.json); --text-file reads\n"
-    "       the file's exact bytes; --json prints {\"ids\": [...], \"decoded\": ...} on one line.\n";
+    "       the file's exact bytes; --json prints {\"ids\": [...], \"decoded\": ...} on one line.\n"
+    "examples: each example of the JSON Lines FILE(s) (or folders of *.jsonl / *.json) as one JSON line:\n"
+    "       {\"file\", \"line\", \"text\" (rendered with the template), \"ids\", \"loss\" (1: the token is an answer\n"
+    "       token, predicting it counts)}; then a summary line on stderr.\n";
 
 }  // namespace
 
 int run_tokenizer(int argc, char** argv) {
-  if (argc < 3) throw UsageError("tokenizer needs an action (train or encode); 'frugal tokenizer --help' describes them");
+  if (argc < 3) throw UsageError("tokenizer needs an action (train, encode or examples); 'frugal tokenizer --help' describes them");
   if (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
     std::cout << kUsage;
     return 0;
@@ -88,7 +95,52 @@ int run_tokenizer(int argc, char** argv) {
     std::cout << "\n" << tok.decode(ids) << "\n";
     return 0;
   }
-  throw UsageError("unknown tokenizer action '" + action + "' (allowed: train, encode)");
+  if (action == "examples") {
+    std::string model, format = "messages", templ;
+    std::vector<std::string> files;
+    bool train_on_prompt = false, skip_bad = false;
+    Args args("tokenizer examples", "Show the tokens and loss flags of instruction or chat examples.");
+    args.add_positional("TOKENIZER", &model, "a .model file, a tokenizer.json or a model folder");
+    args.add_string("format", &format, "alpaca, prompt_completion or messages (default messages)", "FORMAT");
+    args.add_string("template", &templ, "plain, alpaca, llama2, llama3 or chatml (default: the format's; for messages, "
+                    "the tokenizer folder's chat_template)", "NAME");
+    args.add_flag("train-on-prompt", &train_on_prompt, "every token has loss, not only the answers");
+    args.add_flag("skip-bad", &skip_bad, "skip bad examples (counted) instead of stopping at the first");
+    args.add_rest(&files, "FILE");
+    if (!args.parse(argc, argv, 3)) return 0;
+    if (files.empty()) throw UsageError("tokenizer examples needs at least one FILE (JSON Lines) or folder");
+    data::ExampleOptions opt;
+    const auto f = data::parse_example_format(format);
+    if (!f) throw UsageError("--format '" + format + "' is not one of alpaca, prompt_completion, messages");
+    opt.format = *f;
+    if (!templ.empty()) {
+      opt.chat_template = data::parse_chat_template(templ);
+      if (!opt.chat_template) throw UsageError("--template '" + templ + "' is not one of plain, alpaca, llama2, llama3, chatml");
+    }
+    opt.train_on_prompt = train_on_prompt;
+    opt.skip_bad = skip_bad;
+    data::ExampleStats stats;
+    try {
+      const data::Tokenizer tok = data::Tokenizer::load(model);
+      stats = data::encode_examples(files, tok, opt, [](const std::string& file, int64_t line, const data::EncodedExample& e) {
+        io::JsonWriter w(std::cout, 0);
+        w.begin_object().key("file").value(file).key("line").value(line).key("text").value(e.text);
+        w.key("ids").begin_array();
+        for (int32_t id : e.ids) w.value(static_cast<int64_t>(id));
+        w.end_array().key("loss").begin_array();
+        for (uint8_t l : e.loss) w.value(static_cast<int64_t>(l));
+        w.end_array().end_object();
+        std::cout << "\n";
+      });
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    std::cerr << stats.examples << " examples, " << stats.tokens << " tokens (" << stats.label_tokens << " with loss), "
+              << stats.skipped << " skipped\n";
+    for (const auto& why : stats.skipped_reasons) std::cerr << "  skipped: " << why << "\n";
+    return 0;
+  }
+  throw UsageError("unknown tokenizer action '" + action + "' (allowed: train, encode, examples)");
 }
 
 }  // namespace cli

@@ -251,10 +251,20 @@ std::optional<ChatTemplate> recognize_chat_template(const std::string& jinja) {
 }
 
 ChatTemplate folder_chat_template(const std::string& dir) {
-  const std::string path = dir + "/tokenizer_config.json";
   const std::string hint = "; set data.template to one of them";
   const std::string builtin = " (built in: alpaca, plain, llama2, llama3, chatml)";
-  if (!io::path_exists(path)) throw std::invalid_argument(path + " does not exist, so the tokenizer has no chat_template" + builtin + hint);
+  auto recognized = [&](const std::string& jinja, const std::string& where) {
+    if (const auto known = recognize_chat_template(jinja)) return *known;
+    throw std::invalid_argument(where + " is not one frugal knows" + builtin + hint);
+  };
+  // transformers 5 saves the template as chat_template.jinja, which wins over the config's.
+  const std::string jinja_path = dir + "/chat_template.jinja";
+  if (io::path_exists(jinja_path)) return recognized(io::read_file(jinja_path), jinja_path);
+  const std::string path = dir + "/tokenizer_config.json";
+  if (!io::path_exists(path)) {
+    throw std::invalid_argument("the tokenizer folder " + dir + " has no chat_template (neither chat_template.jinja nor " +
+                                "tokenizer_config.json)" + builtin + hint);
+  }
   io::JsonValue config;
   try {
     config = io::parse_json(io::read_file(path));
@@ -264,8 +274,7 @@ ChatTemplate folder_chat_template(const std::string& dir) {
   const io::JsonValue* t = config.is_object() ? config.find("chat_template") : nullptr;
   if (!t || t->is_null()) throw std::invalid_argument(path + " has no chat_template" + builtin + hint);
   if (!t->is_string()) {
-    // A list of named templates ({"name": "default", "template": ...}): the default one is what
-    // apply_chat_template uses.
+    // A list of named templates ([{"name": "default", "template": ...}]): apply_chat_template uses the default one.
     const io::JsonValue* chosen = nullptr;
     if (t->is_array()) {
       for (const auto& item : t->items()) {
@@ -276,8 +285,7 @@ ChatTemplate folder_chat_template(const std::string& dir) {
     if (!chosen || !chosen->is_string()) throw std::invalid_argument(path + "'s chat_template is neither a string nor a list with a 'default' template");
     t = chosen;
   }
-  if (const auto known = recognize_chat_template(t->as_string())) return *known;
-  throw std::invalid_argument(path + "'s chat_template is not one frugal knows" + builtin + hint);
+  return recognized(t->as_string(), path + "'s chat_template");
 }
 
 namespace {

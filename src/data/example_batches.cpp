@@ -183,14 +183,14 @@ ExampleBatches::ExampleBatches(std::shared_ptr<const ExampleFile> file, int64_t 
 int64_t ExampleBatches::positions(int64_t example) const { return std::min(file_->length(example) - 1, opt_.seq_len); }
 
 std::vector<int64_t> ExampleBatches::epoch_order(int64_t epoch) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (epoch != cached_epoch_) {
-    cached_order_.resize(rows_.size());
-    for (size_t i = 0; i < rows_.size(); ++i) cached_order_[i] = static_cast<int64_t>(i);
-    shuffle(cached_order_, opt_.seed, static_cast<uint64_t>(epoch));
-    cached_epoch_ = epoch;
+  std::lock_guard<std::mutex> lock(cache_->mutex);
+  if (epoch != cache_->epoch) {
+    cache_->order.resize(rows_.size());
+    for (size_t i = 0; i < rows_.size(); ++i) cache_->order[i] = static_cast<int64_t>(i);
+    shuffle(cache_->order, opt_.seed, static_cast<uint64_t>(epoch));
+    cache_->epoch = epoch;
   }
-  return cached_order_;
+  return cache_->order;
 }
 
 // rows: (R) rows, nullptr for a padding row. tokens/targets/segments: (R, T), T = seq_len with

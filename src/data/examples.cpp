@@ -111,6 +111,7 @@ ExampleEncoder::ExampleEncoder(const Tokenizer& tok, const ExampleOptions& opt)
                                   tok.path() + " lacks (not one of its added or special tokens)");
     }
     if (!tok.recognizes_special_tokens()) specials_.push_back({s, id});
+    anchors_.push_back({s, id});
   }
   if (!tok.recognizes_special_tokens()) {
     // SentencePiece's control tokens spelled in the text become their ids, as in the model's tokenizer.json.
@@ -122,17 +123,33 @@ ExampleEncoder::ExampleEncoder(const Tokenizer& tok, const ExampleOptions& opt)
   }
 }
 
+namespace {
+
+struct Match {
+  size_t at = std::string::npos, len = 0;
+  int32_t id = -1;
+};
+
+// The leftmost (then longest) occurrence of a spelling in text from pos.
+Match next_special(const std::string& text, size_t pos, const std::vector<std::pair<std::string, int32_t>>& specials) {
+  Match m;
+  for (const auto& [s, id] : specials) {
+    const size_t at = text.find(s, pos);
+    if (at != std::string::npos && (at < m.at || (at == m.at && s.size() > m.len))) m = {at, s.size(), id};
+  }
+  return m;
+}
+
+}  // namespace
+
 std::vector<int32_t> ExampleEncoder::encode_text(const std::string& text) const {
   if (specials_.empty()) return tok_.encode(text);
   std::vector<int32_t> out;
   size_t pos = 0;
   while (pos < text.size()) {
-    size_t best = std::string::npos, best_len = 0;
-    int32_t best_id = -1;
-    for (const auto& [s, id] : specials_) {
-      const size_t at = text.find(s, pos);
-      if (at != std::string::npos && (at < best || (at == best && s.size() > best_len))) best = at, best_len = s.size(), best_id = id;
-    }
+    const Match m = next_special(text, pos, specials_);
+    const size_t best = m.at, best_len = m.len;
+    const int32_t best_id = m.id;
     const size_t end = best == std::string::npos ? text.size() : best;
     if (end > pos) {
       const auto ids = tok_.encode(text.substr(pos, end - pos));
@@ -228,9 +245,49 @@ EncodedExample ExampleEncoder::encode(const io::JsonValue& example) const {
   out.ids.insert(out.ids.end(), body.begin(), body.end());
   if (r.eos_id) out.ids.push_back(tok_.eos_id());
   out.loss.assign(out.ids.size(), opt_.train_on_prompt ? 1 : 0);
+  // Anchors: the template's special tokens, where they stand in the text and in the ids. A special
+  // token splits the text (a tokenizer.json's added tokens are matched first and the text between
+  // them encoded on its own; the SentencePiece path splits there itself), so the ids of text[0:b]
+  // are those of the ids before the last special token before b, then the ids of text from that
+  // token to b: encoding that piece is enough. The piece starts with the token itself, so what
+  // follows is no text's first piece (Metaspace's prepend_scheme "first"). Anchors are used only
+  // when text and ids hold the same number of them; otherwise the whole prefix is encoded.
+  std::vector<std::pair<size_t, size_t>> anchors;  // (byte where the token starts, its index in body)
+  if (!anchors_.empty()) {
+    for (size_t pos = 0;;) {
+      const Match m = next_special(r.text, pos, anchors_);
+      if (m.at == std::string::npos) break;
+      anchors.push_back({m.at, 0});
+      pos = m.at + m.len;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < body.size(); ++i) {
+      if (std::none_of(anchors_.begin(), anchors_.end(), [&](const auto& a) { return a.second == body[i]; })) continue;
+      if (k == anchors.size()) {
+        k = anchors.size() + 1;
+        break;
+      }
+      anchors[k++].second = i;
+    }
+    if (k != anchors.size()) anchors.clear();
+  }
+  auto tokens_within = [&](size_t b) {  // how many leading ids of body lie wholly in text[0:b]
+    if (b == r.text.size()) return body.size();
+    // The last anchor starting before b.
+    auto a = std::lower_bound(anchors.begin(), anchors.end(), b, [](const auto& x, size_t pos) { return x.first < pos; });
+    if (a != anchors.begin()) {
+      --a;
+      const std::vector<int32_t> piece = encode_text(r.text.substr(a->first, b - a->first));
+      if (!piece.empty() && piece[0] == body[a->second]) {  // else b cuts the token's spelling: no anchor
+        size_t n = 0;
+        while (n < piece.size() && a->second + n < body.size() && piece[n] == body[a->second + n]) ++n;
+        return a->second + n;
+      }
+    }
+    return common_prefix(encode_text(r.text.substr(0, b)), body);
+  };
   for (const auto& [begin, end] : r.answers) {
-    const size_t first = common_prefix(encode_text(r.text.substr(0, begin)), body);
-    const size_t last = end == r.text.size() ? body.size() : common_prefix(encode_text(r.text.substr(0, end)), body);
+    const size_t first = tokens_within(begin), last = tokens_within(end);
     for (size_t k = first; k < last; ++k) out.loss[offset + k] = 1;
   }
   if (r.eos_id) out.loss.back() = 1;

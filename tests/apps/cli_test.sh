@@ -333,6 +333,16 @@ expect 2 "tokenizer $tmp/nonexistent.json does not exist" -- tokenizer encode "$
 cp "$tmp/corpus/f" "$tmp/notjson.json"
 expect 2 "$tmp/notjson.json is not valid JSON" -- tokenizer encode "$tmp/notjson.json" "x"
 
+# tokenizer examples: each example one JSON line with its ids and loss flags (the answer and EOS);
+# a bad example is exit 2 naming file, line and field, or skipped and counted with --skip-bad.
+printf '{"prompt": "a", "completion": " b"}\n{"prompt": "a", "completion": 5}\n' > "$tmp/pc.jsonl"
+expect 2 "$tmp/pc.jsonl line 2: field 'completion': is not a string" -- tokenizer examples "$fixtures/gpt2.json" "$tmp/pc.jsonl" --format prompt_completion
+expect 0 '"loss": \[0, 1, 1\]' -- tokenizer examples "$fixtures/gpt2.json" "$tmp/pc.jsonl" --format prompt_completion --skip-bad
+expect 0 "1 examples, 3 tokens (2 with loss), 1 skipped" -- tokenizer examples "$fixtures/gpt2.json" "$tmp/pc.jsonl" --format prompt_completion --skip-bad
+expect 2 "--template 'llama4' is not one of plain, alpaca, llama2, llama3, chatml" -- tokenizer examples "$fixtures/gpt2.json" "$tmp/pc.jsonl" --template llama4
+expect 2 "$tmp/l2folder has no chat_template" -- tokenizer examples "$tmp/l2folder" "$tmp/pc.jsonl"
+expect 2 "the chatml chat template writes the token '<|im_start|>'" -- tokenizer examples "$tmp/l2folder" "$tmp/pc.jsonl" --template chatml
+
 # A tokenizer with no BOS piece (trained by the helper directly, with SentencePiece's bos_id=-1):
 # training samples with it, and generate decodes the prompt and its continuation.
 "$(dirname "$frugal")/frugal-spm-train" "--input=$tmp/corpus/f --model_prefix=$tmp/nobos --vocab_size=300 --model_type=bpe --byte_fallback=true --bos_id=-1 --eos_id=1 --unk_id=0 --pad_id=-1 --hard_vocab_limit=false --minloglevel=2" >"$tmp/nobos.log" 2>&1 ||

@@ -15,6 +15,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <type_traits>
 
 #include "frugal/data/examples.h"
 #include "frugal/data/tokenizer.h"
@@ -240,6 +242,21 @@ TEST(ExamplesTemplates, RecognizesTheKnownJinjaTextsAndNoOthers) {
   const std::string unknown = error_of([&] { folder_chat_template(byte_folder("fold_unknown", true, "{{ messages }}")); });
   EXPECT_HAS(unknown, "tokenizer_config.json's chat_template is not one frugal knows (built in: alpaca, plain, llama2, llama3, chatml)");
   EXPECT_HAS(unknown, "set data.template to one of them");
+  // chat_template.jinja, as transformers 5 saves it, wins over the config's; a list's "default".
+  const std::string both = byte_folder("fold_jinja", true, chat_template_jinja(ChatTemplate::llama3));
+  write(both + "/chat_template.jinja", chat_template_jinja(ChatTemplate::chatml) + "\n");
+  EXPECT_EQ(folder_chat_template(both), ChatTemplate::chatml);
+  write(both + "/chat_template.jinja", "{{ messages }}");
+  EXPECT_HAS(error_of([&] { folder_chat_template(both); }), "chat_template.jinja is not one frugal knows");
+  const std::string listed = byte_folder("fold_list", true);
+  std::ostringstream config;
+  frugal::io::JsonWriter w(config, 0);
+  w.begin_object().key("eos_token").value("</s>").key("chat_template").begin_array();
+  w.begin_object().key("name").value("tool_use").key("template").value("{{ tools }}").end_object();
+  w.begin_object().key("name").value("default").key("template").value(chat_template_jinja(ChatTemplate::llama2)).end_object();
+  w.end_array().end_object();
+  write(listed + "/tokenizer_config.json", config.str());
+  EXPECT_EQ(folder_chat_template(listed), ChatTemplate::llama2);
 }
 
 // Every template on the byte tokenizer: ids are the text's bytes with special spellings as their
@@ -392,6 +409,71 @@ TEST(ExamplesEncoder, LossStartsAtTheTokenHoldingTheAnswersFirstByte) {
       EXPECT_EQ(prompt.compare(0, tok.decode(before).size(), tok.decode(before)), 0) << tok.decode(before);  // all prompt
       EXPECT_GT(tok.decode(through).size(), prompt.size()) << tok.decode(through);  // the first loss token reaches the answer
       EXPECT_EQ(e.ids.back(), tok.eos_id());
+    }
+  }
+}
+
+// The chat templates encode only from the last special token before an answer's ends; on tokenizers
+// with real merges (the fixtures, given the templates' tokens) the flags equal those of encoding
+// every whole prefix, and the ids those of one encode call over the text.
+TEST(ExamplesEncoder, AnchoredBoundariesEqualWholePrefixEncoding) {
+  const std::string fixtures = std::string(FRUGAL_SOURCE_DIR) + "/tests/data/fixtures/";
+  const auto expected = frugal::io::parse_json(frugal::io::read_file(fixtures + "expected_ids.json"));
+  const std::vector<std::string> added = {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"};
+  for (const char* name : {"gpt2", "llama3", "llama2", "mistral"}) {
+    SCOPED_TRACE(name);
+    std::string text = frugal::io::read_file(fixtures + name + ".json");
+    const int64_t vocab = expected.at(name).at("vocab_size").as_int();
+    std::string tokens;
+    for (size_t i = 0; i < added.size(); ++i) {
+      tokens += "{\"id\": " + std::to_string(vocab + static_cast<int64_t>(i)) + ", \"content\": \"" + added[i] +
+                "\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true}, ";
+    }
+    const size_t key = text.find("\"added_tokens\"");
+    ASSERT_NE(key, std::string::npos);
+    text.insert(text.find('[', key) + 1, tokens);
+    const std::string d = dir(std::string("anchor_") + name);
+    write(d + "/tokenizer.json", text);
+    const bool has_bos = std::string(name) != "gpt2";
+    write(d + "/tokenizer_config.json", has_bos ? R"({"bos_token": ")" + std::string(std::string(name) == "llama3" ? "<|begin_of_text|>" : "<s>") +
+                                                    R"(", "eos_token": "<|eot_id|>"})"
+                                                : R"({"eos_token": "<|im_end|>"})");
+    const Tokenizer tok = Tokenizer::load_folder(d);
+    const std::vector<std::vector<ChatMessage>> chats = {
+        kChat,
+        {{"user", "def main():\n    print('hello world')"}, {"assistant", "  It prints.\n\nThen returns."}, {"user", "ok"}, {"assistant", "\nx"}},
+        {{"system", "日本語"}, {"user", "Numbers: 3.14159, 2,718"}, {"assistant", "1e-9 <|im_end|> 0x1F 😀"}},
+    };
+    for (auto templ : {ChatTemplate::llama2, ChatTemplate::llama3, ChatTemplate::chatml}) {
+      if (!has_bos && templ != ChatTemplate::chatml) continue;
+      SCOPED_TRACE(chat_template_name(templ));
+      ExampleOptions opt;
+      opt.format = ExampleFormat::messages;
+      opt.chat_template = templ;
+      const ExampleEncoder enc(tok, opt);
+      for (const auto& chat : chats) {
+        std::ostringstream line;
+        frugal::io::JsonWriter w(line, 0);
+        w.begin_object().key("messages").begin_array();
+        for (const auto& m : chat) w.begin_object().key("role").value(m.role).key("content").value(m.content).end_object();
+        w.end_array().end_object();
+        const EncodedExample e = enc.encode(json(line.str()));
+        const RenderedExample r = render_messages(templ, chat, tok.id_to_token(tok.bos_id()), tok.id_to_token(tok.eos_id()), true);
+        const std::vector<int32_t> body = tok.encode(r.text);
+        ASSERT_EQ(e.ids, body);
+        std::vector<uint8_t> want(body.size(), 0);
+        auto within = [&](size_t b) {
+          const auto prefix = tok.encode(r.text.substr(0, b));
+          size_t n = 0;
+          while (n < prefix.size() && prefix[n] == body[n]) ++n;
+          return n;
+        };
+        for (auto [b, end] : r.answers) {
+          for (size_t k = within(b); k < within(end); ++k) want[k] = 1;
+        }
+        EXPECT_EQ(e.loss, want) << r.text;
+        EXPECT_GT(std::count(want.begin(), want.end(), 1), 0);
+      }
     }
   }
 }
@@ -803,6 +885,9 @@ TEST(ExampleBatches, PackingFillsRowsWithWholeExamplesAndSegments) {
   EXPECT_LT(b.padding_share(), 0.5);
 }
 
+static_assert(std::is_move_constructible<ExampleBatches>::value && !std::is_copy_constructible<ExampleBatches>::value,
+              "ExampleBatches moves (a trainer keeps one per split) and is not copied");
+
 TEST(ExampleBatches, EpochsAreDeterministicAndDiffer) {
   const auto f = numbered_examples("epochs", 40);
   for (bool packing : {false, true}) {
@@ -819,9 +904,21 @@ TEST(ExampleBatches, EpochsAreDeterministicAndDiffer) {
         EXPECT_TRUE(x[m].tokens.equal(y[m].tokens) && x[m].targets.equal(again[m].targets)) << "step " << s;
       }
     }
+    // Steps of different epochs from several threads at once: each as computed alone.
+    std::vector<std::vector<ExampleBatch>> from_threads(8);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < from_threads.size(); ++k) {
+      threads.emplace_back([&, k] { from_threads[k] = a.step(static_cast<int64_t>(k) * spe + 1); });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t k = 0; k < from_threads.size(); ++k) {
+      EXPECT_TRUE(from_threads[k][0].tokens.equal(same.step(static_cast<int64_t>(k) * spe + 1)[0].tokens)) << "thread " << k;
+    }
+    ExampleBatches moved(std::move(other_seed));
+    EXPECT_TRUE(moved.step(3)[0].tokens.equal(ExampleBatches(f, 0, 40, o).step(3)[0].tokens));
     const auto e0 = epoch_examples(a, *f, 0, packing, 16), e1 = epoch_examples(a, *f, 1, packing, 16);
     EXPECT_NE(e0, e1);
-    EXPECT_NE(e0, epoch_examples(other_seed, *f, 0, packing, 16));
+    EXPECT_NE(e0, epoch_examples(moved, *f, 0, packing, 16));
     auto s0 = e0, s1 = e1;
     std::sort(s0.begin(), s0.end());
     std::sort(s1.begin(), s1.end());

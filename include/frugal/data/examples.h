@@ -73,8 +73,10 @@ ChatTemplate resolve_chat_template(const Tokenizer& tok, const ExampleOptions& o
 // the output is normalised away (outside string literals; Jinja's {%- -%} trims and transformers'
 // trim_blocks/lstrip_blocks); string literals compare by value ('\n' and a newline are the same).
 std::optional<ChatTemplate> recognize_chat_template(const std::string& jinja);
-// The chat_template of dir/tokenizer_config.json, recognised. Throws std::invalid_argument
-// "...has no chat_template" when absent, "...is not one frugal knows (built in: ...)" when unknown.
+// A tokenizer folder's chat template, recognised: dir/chat_template.jinja (transformers 5 saves it
+// there, and it wins) or tokenizer_config.json's chat_template (a string, or the "default" of a
+// list of named ones). Throws std::invalid_argument "...has no chat_template" when absent,
+// "...is not one frugal knows (built in: ...); set data.template to one of them" when unknown.
 ChatTemplate folder_chat_template(const std::string& dir);
 // The canonical Jinja text of a chat template (llama2, llama3, chatml); "" for plain and alpaca.
 const std::string& chat_template_jinja(ChatTemplate t);
@@ -108,7 +110,9 @@ struct EncodedExample {
 // template's special-token spellings and their ids put in, as the model's converted tokenizer.json
 // does). Loss flags: the tokens of an answer range are found by encoding the text up to each range's
 // ends and taking the longest common prefix with the whole encoding, so a token spanning the start
-// of an answer has loss (cost: two more encodes per answer).
+// of an answer has loss. The chat templates' special tokens split the text, so only the text from
+// the last of them before a range's end is encoded again: the cost stays linear in a conversation's
+// length whatever its turns (alpaca and plain: one more encode, of the prompt).
 class ExampleEncoder {
  public:
   // Resolves the template and checks the tokenizer has every special token it writes (BOS, EOS,
@@ -121,11 +125,12 @@ class ExampleEncoder {
 
  private:
   std::vector<int32_t> encode_text(const std::string& text) const;
-  const Tokenizer& tok_;
+  Tokenizer tok_;  // a copy (it shares the loaded model)
   ExampleOptions opt_;
   ChatTemplate template_;
   std::string bos_, eos_;  // the tokenizer's BOS/EOS spellings ("" when absent)
   std::vector<std::pair<std::string, int32_t>> specials_;  // SentencePiece: spellings split out of the text
+  std::vector<std::pair<std::string, int32_t>> anchors_;   // the template's special tokens (see encode())
 };
 
 struct ExampleStats {
@@ -204,6 +209,7 @@ struct ExampleBatch {
 // the next does not fit) once, so every epoch has the same rows; each epoch shuffles the rows
 // (seeded by (seed, epoch)). Either way every example is in exactly one row per epoch. Only
 // O(examples) is precomputed (lengths, the rows, the current epoch's order), never the tokens.
+// Movable, not copyable; step() and eval_batch() may be called from several threads.
 class ExampleBatches {
  public:
   struct Options {
@@ -244,9 +250,12 @@ class ExampleBatches {
   std::vector<int64_t> eval_examples_;  // kept examples in file order
   std::vector<Row> eval_rows_;
   int64_t truncated_ = 0, dropped_ = 0;
-  mutable std::mutex mutex_;
-  mutable int64_t cached_epoch_ = -1;
-  mutable std::vector<int64_t> cached_order_;
+  struct EpochCache {  // the current epoch's row order, for step() from several threads
+    std::mutex mutex;
+    int64_t epoch = -1;
+    std::vector<int64_t> order;
+  };
+  std::unique_ptr<EpochCache> cache_ = std::make_unique<EpochCache>();  // movable, not copyable
 };
 
 }  // namespace data
