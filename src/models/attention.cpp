@@ -13,8 +13,10 @@ namespace {
 // scores: (B, H, T, S); the in-place scale and mask keep nothing extra for backward. The T queries
 // are the last T of the S keys' positions: query i sees keys 0..S-T+i. With a mask (B or 1, 1, T, S)
 // given: a bool one selects the scores (where keeps only the mask, its condition, which the caller
-// shares across layers: no (B, H, T, S) copy beside the probabilities); an additive one is added in
-// place, keeping nothing.
+// shares across layers: no (B, H, T, S) copy beside the probabilities, and the unmasked scores are
+// freed at once, so forward's peak is the in-place path's; masked_fill_ would need the mask
+// inverted, a (B, 1, T, S) tensor made and kept by every layer); an additive one is added in place,
+// keeping nothing.
 at::Tensor explicit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   const int64_t T = q.size(2), S = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
