@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -175,12 +176,51 @@ ExampleBatches::ExampleBatches(std::shared_ptr<const ExampleFile> file, int64_t 
     rows.push_back({begin, static_cast<int64_t>(list.size())});
   };
   examples_ = eval_examples_;
-  if (opt_.packing) shuffle(examples_, opt_.seed, kPackingStream);
-  make_rows(examples_, rows_);
+  if (opt_.packing) {
+    shuffle(examples_, opt_.seed, kPackingStream);
+    pack_best_fit();
+  } else {
+    make_rows(examples_, rows_);
+  }
   make_rows(eval_examples_, eval_rows_);
 }
 
 int64_t ExampleBatches::positions(int64_t example) const { return std::min(file_->length(example) - 1, opt_.seq_len); }
+
+// Best-fit decreasing: the examples, longest first (ties in the packing shuffle's order), each into
+// the row whose free positions fit it most tightly, or a new row; then examples_ is rewritten row
+// by row so each row is a range of it. Rows fill to within a few percent of seq_len where greedy
+// packing in arrival order leaves a row's tail empty whenever the next example does not fit.
+// O(n log n): the rows' free positions live in an ordered multimap.
+void ExampleBatches::pack_best_fit() {
+  std::vector<size_t> order(examples_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return positions(examples_[a]) > positions(examples_[b]); });
+  std::vector<std::vector<int64_t>> rows;
+  std::multimap<int64_t, size_t> free;  // free positions -> row
+  for (const size_t i : order) {
+    const int64_t p = positions(examples_[i]);
+    auto it = free.lower_bound(p);
+    size_t row = rows.size();
+    int64_t left = opt_.seq_len - p;
+    if (it != free.end()) {
+      row = it->second;
+      left = it->first - p;
+      free.erase(it);
+    } else {
+      rows.emplace_back();
+    }
+    rows[row].push_back(examples_[i]);
+    if (left > 0) free.emplace(left, row);
+  }
+  examples_.clear();
+  rows_.clear();
+  for (const auto& row : rows) {
+    const auto begin = static_cast<int64_t>(examples_.size());
+    examples_.insert(examples_.end(), row.begin(), row.end());
+    rows_.push_back({begin, static_cast<int64_t>(examples_.size())});
+  }
+}
 
 std::vector<int64_t> ExampleBatches::epoch_order(int64_t epoch) const {
   std::lock_guard<std::mutex> lock(cache_->mutex);

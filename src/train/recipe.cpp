@@ -397,12 +397,16 @@ using Overridden = std::map<std::string, std::string>;  // key -> value
 template <typename Shown, typename Bad>
 void validate_data(const Recipe& r, const Shown& shown, const std::set<std::string>& set_keys, const Bad& bad) {
   if (r.text_data()) {
+    // An example key set to anything but its default (a saved recipe writes every key).
+    const Recipe defaults;
     for (const std::string& key : set_keys) {
       const bool example_key = (key.rfind("data.", 0) == 0 && key.size() > 6 &&
                                 (key.compare(key.size() - 6, 6, "_field") == 0 || key == "data.template" || key == "data.train_on_prompt" ||
                                  key == "data.bad_examples" || key == "data.packing" || key == "data.overlong" || key == "data.validation")) ||
                                key == "train.epochs";
-      if (example_key) bad(shown(key) + " applies to examples only, and " + shown("data.format") + " is text (set data.format to alpaca, prompt_completion or messages)");
+      if (example_key && find_field(key)->get(r) != find_field(key)->get(defaults)) {
+        bad(shown(key) + " applies to examples only, and " + shown("data.format") + " is text (set data.format to alpaca, prompt_completion or messages)");
+      }
     }
     if (r.corpus.find('\n') != std::string::npos) bad("data.corpus: a list of paths needs data.format examples; text takes one file or folder");
     return;
@@ -410,7 +414,7 @@ void validate_data(const Recipe& r, const Shown& shown, const std::set<std::stri
   if (!r.sample_prompt.empty()) {
     bad(shown("train.sample_prompt") + ": with examples the sample answers the first validation example's prompt; leave it empty");
   }
-  if (r.epochs > 0 && set_keys.count("train.steps")) {
+  if (r.epochs > 0 && set_keys.count("train.steps")) {  // (parse_recipe let an override of one replace the file's other)
     bad(shown("train.epochs") + " and " + shown("train.steps") + " both say how long to train: set one");
   }
   if (!r.validation.empty() && set_keys.count("data.val_fraction")) {
@@ -726,6 +730,15 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
   for (const std::string& key : set_keys) {
     if (key.rfind("model.", 0) == 0) r.explicit_model_keys.push_back(key);
   }
+  // How long to train: train.steps or train.epochs. One of them set on the command line replaces the
+  // file's other (train.steps=5 on a recipe of epochs runs 5 steps); both at one level are refused.
+  const bool steps_over = overridden.count("train.steps") > 0, epochs_over = overridden.count("train.epochs") > 0;
+  if (steps_over && !epochs_over && r.epochs > 0) {
+    r.epochs = 0;
+    set_keys.erase("train.epochs");
+  } else if (epochs_over && !steps_over && set_keys.count("train.steps")) {
+    set_keys.erase("train.steps");
+  }
   // frugal's GPT-2 has always tied its head to the embedding: the arch's default, unless set.
   if (r.model.arch == "gpt2" && !set_keys.count("model.tie_embeddings")) r.model.tie_embeddings = true;
   // A frugal run folder (train.out_dir of an earlier run) stands for its latest checkpoint.
@@ -776,6 +789,7 @@ Recipe resolve_epochs(const Recipe& recipe, int64_t steps_per_epoch) {
                       std::to_string(steps_per_epoch) + " steps an epoch)");
   }
   r.schedule.total_steps(r.steps);
+  r.epochs = 0;  // the steps say it now, as the checkpoint's recipe stores it (both would be refused)
   return r;
 }
 

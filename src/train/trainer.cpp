@@ -153,11 +153,16 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     return docs;
   };
   if (p.tokenizer_path.empty()) throw RecipeError("data.tokenizer must be set");
+  // Said once the data is ready: a refused input is the only line a bad run prints.
+  bool from_model = false;
+  auto say_tokenizer = [&] {
+    if (from_model) log("using the tokenizer of " + r.init_from);
+  };
   // A model fine-tuned from a folder reads its ids with that folder's tokenizer: a new one would
   // give its embeddings other meanings.
   if (!r.init_from.empty() && !r.train_tokenizer && data::Tokenizer::folder_has_tokenizer(r.init_from)) {
     p.tokenizer_path = r.init_from;
-    log("using the tokenizer of " + r.init_from);
+    from_model = true;
   }
   if (!io::path_exists(p.tokenizer_path) && !r.text_data()) {
     throw RecipeError("data.tokenizer " + p.tokenizer_path + " does not exist: examples are tokenized with the model's tokenizer "
@@ -214,11 +219,15 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
       throw RecipeError(std::string("data.template: ") + e.what());
     }
     p.chat_template = options.chat_template;
-    p.made = make_examples(sources, tok, options, p.tokens_path, "data.corpus", log);
+    std::vector<std::string> made;
+    auto remember = [&made](const std::string& line) { made.push_back(line); };
+    p.made = make_examples(sources, tok, options, p.tokens_path, "data.corpus", remember);
     if (!r.validation.empty()) {
       p.val_examples_path = p.tokens_path + ".val";
-      p.val_made = make_examples(r.validation_paths(), tok, options, p.val_examples_path, "data.validation", log);
+      p.val_made = make_examples(r.validation_paths(), tok, options, p.val_examples_path, "data.validation", remember);
     }
+    say_tokenizer();
+    for (const std::string& line : made) log(line);
     return p;
   }
   // The token file records the tokenizer it was made with (<tokens>.tokenizer holds its fingerprint):
@@ -240,6 +249,7 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     log("tokenized " + std::to_string(made.documents) + (made.documents == 1 ? " document" : " documents") + " from " + r.corpus + " into " +
         std::to_string(made.tokens) + " tokens: " + p.tokens_path);
   }
+  say_tokenizer();
   return p;
 }
 
@@ -348,12 +358,13 @@ class Trainer {
     e.dropped = examples_->dropped();
     e.steps_per_epoch = examples_->steps_per_epoch();
     e.padding_share = examples_->padding_share();
+    const int64_t epochs = r_.epochs;
     r_ = resolve_epochs(r_, e.steps_per_epoch);
     std::string line = std::to_string(e.train_examples) + " training and " + std::to_string(e.val_examples) + " validation examples; " +
                        std::to_string(e.steps_per_epoch) + " steps an epoch of " + std::to_string(o.rows_per_step) + " rows (" +
                        (r_.packing ? "packed" : "one example a row") + ", " + std::to_string(static_cast<int>(std::lround(100 * e.padding_share))) +
                        "% padding)";
-    if (r_.epochs > 0) line += ", " + std::to_string(r_.epochs) + " epochs = " + std::to_string(r_.steps) + " steps";
+    if (epochs > 0) line += ", " + std::to_string(epochs) + " epochs = " + std::to_string(r_.steps) + " steps";
     if (e.truncated + e.dropped > 0) {
       line += "; " + std::to_string(e.truncated + e.dropped) + " over train.seq_len " + std::to_string(r_.seq_len) + " " +
               (r_.drop_overlong ? "dropped" : "truncated");

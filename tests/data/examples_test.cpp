@@ -874,6 +874,8 @@ TEST(ExampleBatches, PackingFillsRowsWithWholeExamplesAndSegments) {
   for (int i = 0; i < 60; ++i) positions += f->length(i) - 1;
   EXPECT_LT(b.rows_per_epoch(), 60);
   EXPECT_GE(b.rows_per_epoch() * 20, positions);
+  // Best-fit decreasing: within one row of the fewest rows that can hold every position.
+  EXPECT_LE(b.rows_per_epoch(), (positions + 19) / 20 + 1) << positions << " positions";
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     std::vector<int> seen = epoch_examples(b, *f, epoch, true, 20);
     std::sort(seen.begin(), seen.end());

@@ -204,10 +204,10 @@ struct ExampleBatch {
 
 // Batches for training, a pure function of (seed, step). Padding: one example per row, each
 // micro-batch as wide as its longest row; rows in a deterministic shuffle seeded by (seed, epoch)
-// (splitmix64 and Fisher-Yates, the same on every LibTorch). Packing: examples, in a shuffle seeded
-// by seed, filled greedily into rows of seq_len positions (an example is never split; a new row when
-// the next does not fit) once, so every epoch has the same rows; each epoch shuffles the rows
-// (seeded by (seed, epoch)). Either way every example is in exactly one row per epoch. Only
+// (splitmix64 and Fisher-Yates, the same on every LibTorch). Packing: examples (in a shuffle seeded
+// by seed, for ties) packed best-fit decreasing into rows of seq_len positions (an example is never
+// split; each goes, longest first, into the row it fills most tightly, or a new one) once, so every
+// epoch has the same rows; each epoch shuffles the rows (seeded by (seed, epoch)). Either way every example is in exactly one row per epoch. Only
 // O(examples) is precomputed (lengths, the rows, the current epoch's order), never the tokens.
 // Movable, not copyable; step() and eval_batch() may be called from several threads.
 class ExampleBatches {
@@ -243,6 +243,7 @@ class ExampleBatches {
   std::vector<int64_t> epoch_order(int64_t epoch) const;  // row indices in the epoch's order
   ExampleBatch make_batch(const std::vector<const Row*>& rows, const std::vector<int64_t>& examples) const;
   int64_t positions(int64_t example) const;  // min(n - 1, seq_len)
+  void pack_best_fit();                       // examples_ -> rows_ (packing)
   std::shared_ptr<const ExampleFile> file_;
   Options opt_;
   std::vector<int64_t> examples_;       // training order source: kept examples (packing: in the packing shuffle)

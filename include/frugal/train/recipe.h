@@ -139,8 +139,9 @@ struct ResolvedModel {
 };
 ResolvedModel resolve_model_config(const Recipe& recipe);
 
-// train.epochs resolved once the data is known: steps = epochs x steps_per_epoch, and the schedule's
-// length with it (its warm-up checked against it). A recipe without epochs is returned as it is.
+// train.epochs resolved once the data is known: steps = epochs x steps_per_epoch, the schedule's
+// length with it (its warm-up checked against it), and epochs 0 (the steps say it now, as the
+// checkpoint's recipe stores it). A recipe without epochs is returned as it is.
 Recipe resolve_epochs(const Recipe& recipe, int64_t steps_per_epoch);
 
 // Reads the YAML file, applies key=value overrides, resolves the model (resolve_model_config),
