@@ -2,6 +2,7 @@
 // deterministic batches.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -355,6 +356,10 @@ ChildRun tokenize_in_child(const std::string& corpus, const Tokenizer& tok, cons
       }
       return -1ll;
     };
+    // The parent's heap (earlier tests) may hold free pages that are already resident: given back,
+    // and large blocks mapped afresh, so what the child allocates shows in its RSS.
+    ::malloc_trim(0);
+    ::mallopt(M_MMAP_THRESHOLD, 1 << 16);
     std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS
     const long long before = status_kib("VmRSS:");
     ChildRun r;

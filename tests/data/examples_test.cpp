@@ -3,6 +3,7 @@
 // against its own tokenizer.json, every kind of bad input, the examples file (hostile copies
 // refused), padding and packing batches, deterministic epochs, and memory flat in dataset size.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1009,6 +1010,10 @@ ChildRun tokenize_in_child(const std::string& data, const Tokenizer& tok, const 
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
+    // The parent's heap (earlier tests) may hold free pages that are already resident: given back,
+    // and large blocks mapped afresh, so what the child allocates shows in its RSS.
+    ::malloc_trim(0);
+    ::mallopt(M_MMAP_THRESHOLD, 1 << 16);
     std::ofstream("/proc/self/clear_refs") << "5";
     const long long before = status_kib("VmRSS:");
     ChildRun r;
