@@ -259,7 +259,7 @@ def check_examples(frugal, work):
     make_bpe_tokenizer(folder)
     tok = AutoTokenizer.from_pretrained(folder)
     torch.manual_seed(0)
-    model = llama(vocab_size=512, max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model = llama(vocab_size=512, max_position_embeddings=1024, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     randomize(model, 1.5)
     model.save_pretrained(folder)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -288,12 +288,12 @@ def check_examples(frugal, work):
     ref = total / counted
     out = os.path.join(work, "examples_eval.json")
     rc, err = run([frugal, "eval", "--checkpoint", folder, "--examples", path, "--format", "alpaca", "--template", "alpaca",
-                   "--seq-len", "256", "--batch-size", "4", "--json-out", out])
+                   "--seq-len", "1024", "--batch-size", "4", "--json-out", out])
     if rc != 0:
         return False, f"frugal eval --examples failed (exit {rc}): {err}"
     got = json.load(open(out))
     rel = abs(got["loss"] - ref) / abs(ref)
-    ok = rel <= 1e-4 and got["tokens"] == counted
+    ok = rel <= 1e-4 and got["tokens"] == counted and got["truncated"] == 0
     return ok, (f"{len(examples)} Alpaca examples: loss on the answers {got['loss']:.6f} vs {ref:.6f} (rel {rel:.1e}, tol 1e-4); "
                 f"answer tokens {got['tokens']} vs {counted}")
 
