@@ -314,6 +314,9 @@ void Tokenizer::save_folder(const std::string& dir) const {
   w.key("clean_up_tokenization_spaces").value(clean_up_spaces_);
   if (!chat_template_.empty()) w.key("chat_template").value(chat_template_);
   w.end_object();
+  // transformers 5 reads chat_template.jinja before the config: one left from an earlier save
+  // would win over the template written here.
+  if (io::path_exists(dir + "/chat_template.jinja")) io::remove_tree(dir + "/chat_template.jinja");
   config << "\n";
   io::write_file_atomic(dir + "/tokenizer_config.json", config.str());
 }

@@ -246,6 +246,8 @@ TEST(HfTokenizerFolder, EveryTokenizerConfigFieldIsHonouredNeutralOrRefusedByNam
   EXPECT_EQ(Tokenizer::load_folder(saved).chat_template(), "{{ messages }}");
   frugal::io::write_file_atomic(saved + "/chat_template.jinja", "{{ bos_token }}");
   EXPECT_EQ(Tokenizer::load_folder(saved).chat_template(), "{{ bos_token }}");
+  t.save_folder(saved);  // a stale chat_template.jinja does not outlive a save
+  EXPECT_EQ(Tokenizer::load_folder(saved).chat_template(), "{{ messages }}");
   for (const char* field : {R"("do_lower_case": true)", R"("split_special_tokens": true)", R"("add_prefix_space": true)",
                             R"("some_new_option": 3)"}) {
     frugal::io::write_file_atomic(d + "/tokenizer_config.json", std::string(R"({"eos_token": "<|endoftext|>", )") + field + "}");
