@@ -101,7 +101,7 @@ int bench_data_parallel(int argc, char** argv) {
     if (r.exit_code != 0) {
       throw std::runtime_error("the " + name + " run failed (" + r.failure + "); its logs are in " + o.log_dir);
     }
-    out.json = io::parse_json(io::read_file(dir + "/" + name + ".json"));
+    out.json = io::parse_json(io::read_file(dir + "/" + name + ".json", io::kMetadataFileBytes));
     return out;
   };
   if (!io::path_exists(recipe.tokens) || !io::path_exists(recipe.tokenizer)) run(1, 2, "data");  // tokenizer and tokens, once

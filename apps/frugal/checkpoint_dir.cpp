@@ -62,7 +62,7 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& what)
     size_t end = i;
     while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
     if (end == i || end - i > 9) {
-      throw UsageError(what + ": '" + text.substr(i, std::min<size_t>(20, text.size() - i)) +
+      throw UsageError(what + ": '" + io::printable(text.substr(i, std::min<size_t>(20, text.size() - i))) +
                        "' is not a token id (ids are non-negative integers separated by commas or spaces)");
     }
     ids.push_back(static_cast<int32_t>(std::stol(text.substr(i, end - i))));

@@ -42,7 +42,7 @@ std::vector<int32_t> encode_document(const data::Tokenizer& tok, const std::stri
 
 // The documents of --jsonl: one JSON object with a string "text" per non-empty line.
 std::vector<std::string> read_jsonl(const std::string& path) {
-  const std::string all = io::read_file(path);
+  const std::string all = io::read_file(path, io::kWholeDataFileBytes, "--jsonl");
   std::vector<std::string> docs;
   size_t line_no = 0;
   for (size_t at = 0; at < all.size();) {
@@ -66,13 +66,13 @@ std::vector<std::string> read_jsonl(const std::string& path) {
 }
 
 std::vector<int32_t> read_token_ids(const std::string& path) {
-  const std::string head = io::read_file(path).substr(0, 8);
-  if (head == "FRUGALTK") {
+  const std::string all = io::read_file(path, io::kWholeDataFileBytes, "--tokens");
+  if (all.compare(0, 8, "FRUGALTK") == 0) {
     const data::TokenFile file(path);
     const at::Tensor t = file.tokens();  // (N) int32
     return std::vector<int32_t>(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
   }
-  std::vector<int32_t> ids = parse_ids(io::read_file(path), "--tokens " + path);
+  std::vector<int32_t> ids = parse_ids(all, "--tokens " + path);
   if (ids.empty()) throw UsageError("--tokens " + path + " holds no ids");
   return ids;
 }
@@ -88,14 +88,14 @@ models::EvalTotals score_examples(models::DecoderImpl& model, const data::Tokeni
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--template: ") + e.what());
   }
-  const char* tmpdir = std::getenv("TMPDIR");
-  const io::TempPath tmp(std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/frugal-eval-" + std::to_string(::getpid()) + ".examples");
+  const io::TempDir tmp("frugal-eval");  // removed on every way out, signals included
+  const std::string examples_path = tmp.path() + "/eval.examples";
   try {
-    data::tokenize_examples({path}, tok, options, tmp.path());
+    data::tokenize_examples({path}, tok, options, examples_path);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--examples: ") + e.what());
   }
-  auto file = std::make_shared<const data::ExampleFile>(tmp.path());
+  auto file = std::make_shared<const data::ExampleFile>(examples_path);
   data::ExampleBatches::Options o;
   o.rows_per_step = o.micro_rows = batch_size;
   o.seq_len = seq_len;
@@ -161,8 +161,14 @@ int run_eval(int argc, char** argv) {
     throw UsageError("--format, --template and --train-on-prompt go with --examples");
   }
   const at::TensorOptions weights = weights_dtype_option(dtype, /*allow_auto=*/false);
-  for (const std::string* p : {&text_path, &tokens_path, &jsonl_path, &examples_path}) {
-    if (!p->empty() && !io::is_regular_file(*p)) throw UsageError("input file " + *p + " is not a readable file");
+  for (const auto& [flag, p] : {std::pair<const char*, const std::string*>{"--text", &text_path}, {"--tokens", &tokens_path},
+                                 {"--jsonl", &jsonl_path}, {"--examples", &examples_path}}) {
+    if (p->empty()) continue;
+    try {
+      io::open_regular_file(*p, flag);  // before the checkpoint loads: a FIFO, a device or a folder named as such
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
   }
   const std::string step_dir = resolve_checkpoint_dir(dir);
   models::Decoder model;
@@ -201,7 +207,9 @@ int run_eval(int argc, char** argv) {
   if (!tokens_path.empty()) {
     documents.push_back(read_token_ids(tokens_path));
   } else if (!text_path.empty()) {
-    documents.push_back(encode_document(*tok, io::read_file(text_path)));
+    const std::string text = io::read_file(text_path, io::kWholeDataFileBytes, "--text");
+    if (text.empty()) throw UsageError("--text " + text_path + " is empty");
+    documents.push_back(encode_document(*tok, text));
   } else {
     for (const std::string& d : read_jsonl(jsonl_path)) documents.push_back(encode_document(*tok, d));
   }

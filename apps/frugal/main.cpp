@@ -53,6 +53,25 @@ std::string describe(const c10::Error& e) {
   return what;
 }
 
+// The last guard of "no raw file bytes on the terminal" (messages quote file content through
+// io::printable): a control byte left in a message (a NUL, an escape sequence, a line break) is
+// written as \xNN, so an error is one line of text.
+std::string one_line(const std::string& what) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : what) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace frugal {
@@ -102,19 +121,19 @@ int main(int argc, char** argv) {
     if (command == "report") return cli::run_report(argc, argv);
     throw cli::UsageError("unknown command '" + command + "' (allowed: account, bench, train, generate, eval, tokenizer, report)");
   } catch (const cli::UsageError& e) {
-    std::cerr << "frugal: " << e.what() << "\n";
+    std::cerr << "frugal: " << one_line(e.what()) << "\n";
     return 2;
   } catch (const std::invalid_argument& e) {
     // The input's fault, found below the command line: a recipe check that fired after loading
     // (RecipeError), a file that is not what it must be (a token file, a tokenizer, a checkpoint),
     // a value the data cannot serve. The library's messages name the file or value.
-    std::cerr << "frugal " << command << ": " << e.what() << "\n";
+    std::cerr << "frugal " << command << ": " << one_line(e.what()) << "\n";
     return 2;
   } catch (const c10::Error& e) {
-    std::cerr << "frugal " << command << ": error: " << describe(e) << "\n";
+    std::cerr << "frugal " << command << ": error: " << one_line(describe(e)) << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "frugal " << command << ": error: " << e.what() << "\n";
+    std::cerr << "frugal " << command << ": error: " << one_line(e.what()) << "\n";
     return 1;
   }
 }

@@ -15,9 +15,14 @@ namespace cli {
 namespace {
 
 memory::Trace load_trace(const std::string& path) {
-  if (!io::is_regular_file(path)) throw UsageError("trace " + path + " cannot be read");
+  std::string text;
   try {
-    return memory::read_trace(io::read_file(path));
+    text = io::read_file(path, io::kWholeDataFileBytes, "trace");  // a FIFO or a device is refused by name
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  try {
+    return memory::read_trace(text);
   } catch (const std::invalid_argument& e) {
     throw UsageError(path + ": " + e.what());
   }

@@ -78,7 +78,7 @@ int run_tokenizer(int argc, char** argv) {
     std::vector<int32_t> ids;
     try {
       tok = data::Tokenizer::load(model);
-      text = text_file.empty() ? rest[0] : io::read_file(text_file);
+      text = text_file.empty() ? rest[0] : io::read_file(text_file, io::kWholeDataFileBytes, "--text-file");
       ids = tok.encode(text, add_special);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());

@@ -17,6 +17,7 @@
 #include "frugal/data/tokenizer.h"
 #include "frugal/dist/group.h"
 #include "frugal/dist/launch.h"
+#include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/memory/cuda_stats.h"
 #include "frugal/io/units.h"
@@ -194,7 +195,8 @@ int launch_ranks(int argc, char** argv, int64_t nproc, const std::string& out_di
 const char* const kShippedRecipes = "tiny, default, finetune, alpaca-tiny, llama2-7b, llama2-7b-cpu";
 
 std::string resolve_recipe(const std::string& arg) {
-  if (is_file(arg)) return arg;
+  struct stat st {};
+  if (::stat(arg.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) return arg;  // not a regular file: load_recipe says what it is
   if (arg.find('/') == std::string::npos) {
     for (const std::string& dir : {std::string("recipes"), std::string(FRUGAL_SOURCE_DIR) + "/recipes"}) {
       const std::string p = dir + "/" + arg + ".yaml";
@@ -218,7 +220,12 @@ void check_recipe_inputs(const train::Recipe& r, bool data) {
   if (exists(r.out_dir) && !is_dir(r.out_dir)) throw UsageError("train.out_dir " + r.out_dir + " exists and is not a folder");
   if (!data) return;
   for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.tokenizer", r.tokenizer}, {"data.tokens", r.tokens}}) {
-    if (is_dir(path)) throw UsageError(std::string(key) + " " + path + " is a folder, not a file");
+    if (!exists(path) || is_file(path)) continue;
+    try {
+      io::open_regular_file(path, key);  // says what it is: a folder, a FIFO, a device...
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
   }
   if (!is_file(r.tokenizer) || !is_file(r.tokens)) {
     const std::string needed = !is_file(r.tokenizer) ? r.tokenizer : r.tokens;

@@ -259,7 +259,7 @@ ChatTemplate folder_chat_template(const std::string& dir) {
   };
   // transformers 5 saves the template as chat_template.jinja, which wins over the config's.
   const std::string jinja_path = dir + "/chat_template.jinja";
-  if (io::path_exists(jinja_path)) return recognized(io::read_file(jinja_path), jinja_path);
+  if (io::path_exists(jinja_path)) return recognized(io::read_file(jinja_path, io::kMetadataFileBytes), jinja_path);
   const std::string path = dir + "/tokenizer_config.json";
   if (!io::path_exists(path)) {
     throw std::invalid_argument("the tokenizer folder " + dir + " has no chat_template (neither chat_template.jinja nor " +
@@ -267,7 +267,7 @@ ChatTemplate folder_chat_template(const std::string& dir) {
   }
   io::JsonValue config;
   try {
-    config = io::parse_json(io::read_file(path));
+    config = io::parse_json(io::read_file(path, io::kMetadataFileBytes));
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(path + " is not valid JSON: " + e.what());
   }

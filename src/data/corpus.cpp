@@ -18,6 +18,7 @@
 #include <stdexcept>
 
 #include "frugal/io/atomic_file.h"
+#include "frugal/io/files.h"
 
 namespace frugal {
 namespace data {
@@ -47,30 +48,18 @@ void collect_files(const std::string& path, std::vector<std::string>& out, std::
   for (const auto& n : names) collect_files(path + "/" + n, out, seen_dirs);
 }
 
-// Reads the file in 64 KiB pieces, handing each to `piece`; a file that cannot be opened or read
-// is an error with the system's reason (iostreams would report a read error as end of file).
+// Reads the file in 64 KiB pieces, handing each to `piece`, up to the size it had when opened (a
+// file that grows while it is read is not followed); a file that cannot be opened or read is an
+// error with the system's reason (iostreams would report a read error as end of file).
 template <typename Piece>
 void read_pieces(const std::string& path, Piece&& piece) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::invalid_argument("corpus file " + path + " cannot be read: " + std::strerror(errno));
+  io::ReadableFile f = io::open_regular_file(path, "corpus file");
   std::vector<char> buf(1 << 16);
   for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw std::invalid_argument("corpus file " + path + " cannot be read: " + std::strerror(err));
-    }
+    const size_t n = f.read(buf.data(), buf.size());
     if (n == 0) break;
-    try {
-      piece(buf.data(), static_cast<size_t>(n));
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
+    piece(buf.data(), n);
   }
-  ::close(fd);
 }
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
@@ -158,6 +147,7 @@ void stream_documents(const std::vector<std::string>& files, Sink& sink) {
 std::vector<std::string> corpus_files(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("corpus " + path + " does not exist");
+  if (!S_ISDIR(st.st_mode)) io::open_regular_file(path, "corpus");  // a FIFO or a device is refused by name
   std::vector<std::string> files, unique;
   std::set<std::pair<dev_t, ino_t>> seen_dirs;
   collect_files(path, files, seen_dirs);
@@ -342,16 +332,10 @@ int64_t tokenize_documents(const std::vector<std::string>& documents, const Toke
 }
 
 TokenFile::TokenFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::invalid_argument("token file " + path + " cannot be opened: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < kHeaderBytes) {
-    ::close(fd);
-    throw std::invalid_argument("token file " + path + " is too short to have a header");
-  }
-  map_bytes_ = static_cast<size_t>(st.st_size);
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  const io::ReadableFile f = io::open_regular_file(path, "token file");
+  if (f.size() < kHeaderBytes) throw std::invalid_argument("token file " + path + " is too short to have a header");
+  map_bytes_ = static_cast<size_t>(f.size());
+  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
     throw std::invalid_argument("token file " + path + " cannot be mapped");

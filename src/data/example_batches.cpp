@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "frugal/data/examples.h"
+#include "frugal/io/files.h"
 #include "examples_format.h"
 
 namespace frugal {
@@ -47,21 +48,11 @@ constexpr uint64_t kPackingStream = 0x7061636b696e67ull;  // "packing": the one 
 }  // namespace
 
 ExampleFile::ExampleFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw std::invalid_argument("examples file " + path + " cannot be opened: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw std::invalid_argument("examples file " + path + " is not a regular file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < examples_format::kHeaderBytes) {
-    ::close(fd);
-    throw std::invalid_argument("examples file " + path + " is too short to have a header");
-  }
+  const io::ReadableFile f = io::open_regular_file(path, "examples file");
+  const uint64_t size = f.size();
+  if (size < examples_format::kHeaderBytes) throw std::invalid_argument("examples file " + path + " is too short to have a header");
   map_bytes_ = static_cast<size_t>(size);
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
     throw std::invalid_argument("examples file " + path + " cannot be mapped");

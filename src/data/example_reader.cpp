@@ -75,14 +75,7 @@ std::vector<std::string> dataset_files(const std::vector<std::string>& paths) {
 
 RecordReader::RecordReader(const std::string& path, int64_t max_bytes)
     : path_(path), max_(static_cast<size_t>(std::max<int64_t>(max_bytes, 1))) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open
-  if (fd_ < 0) throw std::invalid_argument("dataset file " + path + " cannot be opened: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd_);
-    throw std::invalid_argument("dataset file " + path + " is not a regular file");
-  }
-  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+  file_ = io::open_regular_file(path, "dataset file");  // a FIFO or a device is refused, never waited on
   buf_.resize(1 << 16);
   if (fill() && len_ >= 3 && std::memcmp(buf_.data(), "\xEF\xBB\xBF", 3) == 0) pos_ = 3;  // a UTF-8 byte-order mark
   skip_space();
@@ -90,19 +83,14 @@ RecordReader::RecordReader(const std::string& path, int64_t max_bytes)
   if (array_) get();
 }
 
-RecordReader::~RecordReader() { ::close(fd_); }
+RecordReader::~RecordReader() = default;
 
 bool RecordReader::next(Record& r) { return array_ ? next_item(r) : next_line(r); }
 
 bool RecordReader::fill() {
-  for (;;) {
-    const ssize_t n = ::read(fd_, buf_.data(), buf_.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw std::invalid_argument("dataset file " + path_ + " cannot be read: " + std::strerror(errno));
-    pos_ = 0;
-    len_ = static_cast<size_t>(n);
-    return n > 0;
-  }
+  len_ = file_.read(buf_.data(), buf_.size());
+  pos_ = 0;
+  return len_ > 0;
 }
 
 int RecordReader::peek() { return pos_ < len_ || fill() ? static_cast<unsigned char>(buf_[pos_]) : -1; }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "frugal/io/files.h"
+
 namespace frugal {
 namespace data {
 
@@ -23,7 +25,8 @@ struct Record {
 // The records of one file, read in 64 KiB pieces: its lines (blank ones skipped, a trailing "\r"
 // dropped; a UTF-8 byte-order mark at the start skipped), or, when the file's first byte other than
 // whitespace is '[', the items of that array. A record longer than max_bytes is not kept, only
-// counted. Opened O_NONBLOCK and checked to be a regular file before any read. Structural errors of
+// counted. Opened by io::open_regular_file (a regular file only, never waited on) and read up to its
+// size at open. Structural errors of
 // an array (which no skipping can step over) and read errors throw std::invalid_argument naming
 // file and line.
 class RecordReader {
@@ -46,7 +49,7 @@ class RecordReader {
   bool next_item(Record& r);
   std::string path_;
   size_t max_;
-  int fd_ = -1;
+  io::ReadableFile file_;  // read up to its size at open
   std::vector<char> buf_;
   size_t pos_ = 0, len_ = 0;
   int64_t line_ = 1, items_ = 0;

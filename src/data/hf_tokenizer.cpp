@@ -103,14 +103,7 @@ void HfTokenizer::Impl::encode_text(const Segment& s, std::vector<int32_t>& out)
 }
 
 HfTokenizer HfTokenizer::load(const std::string& path) {
-  if (!io::path_exists(path)) throw std::invalid_argument("tokenizer " + path + " does not exist");
-  std::string text;
-  try {
-    text = io::read_file(path);
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("tokenizer " + path + " cannot be read: " + e.what());
-  }
-  return parse(text, path);
+  return parse(io::read_file(path, io::kTokenizerFileBytes, "tokenizer"), path);
 }
 
 HfTokenizer HfTokenizer::parse(const std::string& json_text, const std::string& name) {

@@ -23,9 +23,11 @@ void set_error(char* err, int errlen, const std::string& msg) {
 
 extern "C" {
 
-void* frugal_spm_load(const char* path, char* err, int errlen) {
+// From the model's bytes, which the caller read through io::open_regular_file (SentencePiece's own
+// Load(path) would block on a FIFO and read a device to the end).
+void* frugal_spm_load_bytes(const char* data, size_t len, char* err, int errlen) {
   auto* sp = new sentencepiece::SentencePieceProcessor();
-  const auto status = sp->Load(path);
+  const auto status = sp->LoadFromSerializedProto(absl::string_view(data, len));
   if (!status.ok()) {
     set_error(err, errlen, status.ToString());
     delete sp;

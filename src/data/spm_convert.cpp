@@ -130,7 +130,7 @@ bool sentencepiece_prepends_space(const std::string& model_bytes, const std::str
 }  // namespace hf
 
 std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
-  const std::string bytes = io::read_file(model_path);
+  const std::string bytes = io::read_file(model_path, io::kTokenizerFileBytes, "tokenizer");
   SpmModel model = parse_model(bytes, model_path);
   std::vector<SpmPiece>& pieces = model.pieces;
   const int model_type = model.model_type;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -36,7 +37,7 @@ namespace data {
 
 // The functions of libfrugal_spm.so (see sentencepiece_shim.cpp for why it is loaded privately).
 struct SentencePieceApi {
-  void* (*load)(const char*, char*, int);
+  void* (*load_bytes)(const char*, size_t, char*, int);
   void (*free_model)(void*);
   int (*encode)(void*, const char*, size_t, int**, size_t*, char*, int);
   int (*decode)(void*, const int*, size_t, char**, size_t*, char*, int);
@@ -90,7 +91,7 @@ const SentencePieceApi& api() {
       if (!p) error = std::string("libfrugal_spm.so lacks ") + name;
       return p;
     };
-    table.load = reinterpret_cast<decltype(table.load)>(sym("frugal_spm_load"));
+    table.load_bytes = reinterpret_cast<decltype(table.load_bytes)>(sym("frugal_spm_load_bytes"));
     table.free_model = reinterpret_cast<decltype(table.free_model)>(sym("frugal_spm_free"));
     table.encode = reinterpret_cast<decltype(table.encode)>(sym("frugal_spm_encode"));
     table.decode = reinterpret_cast<decltype(table.decode)>(sym("frugal_spm_decode"));
@@ -221,7 +222,7 @@ Tokenizer Tokenizer::load_folder(const std::string& dir) {
   if (io::path_exists(config_path)) {
     io::JsonValue config;
     try {
-      config = io::parse_json(io::read_file(config_path));
+      config = io::parse_json(io::read_file(config_path, io::kMetadataFileBytes));
     } catch (const std::exception& e) {
       throw std::invalid_argument(config_path + " is not valid JSON: " + e.what());
     }
@@ -255,7 +256,7 @@ Tokenizer Tokenizer::load_folder(const std::string& dir) {
     t.fingerprint_ = fnv1a64(t.fingerprint_ + "|eos=" + std::to_string(t.eos_));
   }
   // transformers 5 saves the chat template as chat_template.jinja, which wins over the config's.
-  if (io::is_regular_file(dir + "/chat_template.jinja")) t.chat_template_ = io::read_file(dir + "/chat_template.jinja");
+  if (io::path_exists(dir + "/chat_template.jinja")) t.chat_template_ = io::read_file(dir + "/chat_template.jinja", io::kMetadataFileBytes);
   if (t.eos_ < 0) throw std::invalid_argument("tokenizer in " + dir + " has no end-of-sequence token (set eos_token in tokenizer_config.json)");
   if (t.add_bos_ && t.bos_ < 0) t.add_bos_ = false;
   if (t.add_eos_ && t.eos_ < 0) t.add_eos_ = false;
@@ -323,17 +324,16 @@ void Tokenizer::save_folder(const std::string& dir) const {
 
 Tokenizer Tokenizer::load_sentencepiece(const std::string& model_path) {
   // SentencePiece's own messages for these name its stream internals, not the problem.
-  struct stat st {};
-  if (::stat(model_path.c_str(), &st) != 0) throw std::invalid_argument("tokenizer " + model_path + " does not exist");
-  if (S_ISDIR(st.st_mode)) throw std::invalid_argument("tokenizer " + model_path + " is a folder, not a SentencePiece model file");
-  if (!S_ISREG(st.st_mode)) throw std::invalid_argument("tokenizer " + model_path + " is not a regular file");
+  // The bytes read once, through the one checked opening (a FIFO, a device or a folder is refused
+  // by name), then handed to SentencePiece.
+  std::string bytes = io::read_file(model_path, io::kTokenizerFileBytes, "tokenizer");
   const SentencePieceApi& spm = api();
   char err[512] = {};
-  void* handle = spm.load(model_path.c_str(), err, sizeof(err));
+  void* handle = spm.load_bytes(bytes.data(), bytes.size(), err, sizeof(err));
   if (!handle) {
     // SentencePiece's reason, unless it is its source location and a failed check ("Internal:
     // ./src/sentencepiece_processor.cc(1101) [model_proto->ParseFromArray(...)]"): no words for a user.
-    const std::string why = err;
+    const std::string why = io::printable(err, 200);
     throw std::invalid_argument("tokenizer " + model_path + " is not a SentencePiece model (" +
                                 (why.find(".cc(") != std::string::npos || why.empty() ? "its bytes do not parse as one" : why) + ")");
   }
@@ -347,7 +347,7 @@ Tokenizer Tokenizer::load_sentencepiece(const std::string& model_path) {
   if (t.eos_ < 0 || t.eos_ >= t.vocab_) throw std::invalid_argument("tokenizer " + model_path + " has no end-of-sequence piece (eos_id)");
   if (t.bos_ >= t.vocab_) t.bos_ = -1;
   t.add_bos_ = t.bos_ >= 0;  // as Llama's
-  t.spm_bytes_ = io::read_file(model_path);
+  t.spm_bytes_ = std::move(bytes);
   // add_dummy_prefix (with remove_extra_whitespaces a leading space goes anyway, so dropping one is harmless)
   t.prepends_space_ = hf::sentencepiece_prepends_space(t.spm_bytes_, model_path);
   t.fingerprint_ = fnv1a64("spm:" + t.spm_bytes_);
@@ -434,15 +434,12 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   if (options.model_type() != "bpe" && options.model_type() != "unigram") {
     throw std::invalid_argument("tokenizer: model_type must be bpe or unigram, got '" + options.model_type() + "'");
   }
-  remove_stale_tokenizer_files();
-  // SentencePiece reads sentences from a file, one per line. Our PID in the names lets a later run
-  // tell a dead run's leftovers from a live one's.
+  // SentencePiece reads sentences from a file, one per line: a copy in a temporary folder (with the
+  // helper's log), removed on every way out, SIGINT, SIGTERM and SIGHUP included; a folder of a
+  // run killed with SIGKILL is removed by the next one (io::TempDir).
   const std::string pid = std::to_string(::getpid());
-  std::string corpus_path = "/tmp/frugal-tokenizer-corpus-" + pid + "-XXXXXX";
-  const int fd = ::mkstemp(&corpus_path[0]);
-  if (fd < 0) throw std::runtime_error("tokenizer: cannot create a temporary corpus file in /tmp");
-  ::close(fd);
-  const io::TempPath corpus_file(corpus_path);  // removed on every way out
+  const io::TempDir work(kTokenizerTempPrefix);
+  const std::string corpus_path = work.path() + "/corpus.txt";
   {
     std::ofstream out(corpus_path, std::ios::binary);
     for (const std::string& doc : documents) {
@@ -472,10 +469,8 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
     }
   }
   if (trainer.empty()) throw std::runtime_error("tokenizer: cannot find the frugal-spm-train helper next to the executable");
-  std::string log_path = "/tmp/frugal-tokenizer-log-" + pid + "-XXXXXX";
-  const int err_fd = ::mkstemp(&log_path[0]);
-  std::optional<io::TempPath> log_file;
-  if (err_fd >= 0) log_file.emplace(log_path);
+  const std::string log_path = work.path() + "/log.txt";
+  const int err_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   pid_t child = -1;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -503,8 +498,11 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   std::string log;
   if (err_fd >= 0) {
     ::close(err_fd);
-    std::ifstream in(log_path);
-    log.assign(std::istreambuf_iterator<char>(in), {});
+    try {
+      log = io::read_file(log_path, io::kMetadataFileBytes);
+    } catch (const std::invalid_argument&) {
+      // a log too large to read: the exit status still says what happened
+    }
   }
   if (spawn_rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     // Only the helper's own one-line summary: SentencePiece's log lines name its source files.
@@ -513,7 +511,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
     std::string why = "the trainer did not run";
     if (at != std::string::npos) {
       why = log.substr(at + tag.size());
-      why = why.substr(0, why.find('\n'));
+      why = io::printable(why.substr(0, why.find('\n')), 300);
     } else if (spawn_rc == 0) {
       why = "the trainer stopped (" + (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
                                                             : "exit status " + std::to_string(WEXITSTATUS(status))) + ")";
@@ -524,27 +522,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   }
 }
 
-void remove_stale_tokenizer_files(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
-  std::vector<std::string> stale;
-  while (dirent* e = ::readdir(d)) {
-    const std::string n = e->d_name;
-    for (const std::string prefix : {"frugal-tokenizer-corpus-", "frugal-tokenizer-log-"}) {
-      if (n.rfind(prefix, 0) != 0) continue;
-      const std::string rest = n.substr(prefix.size());
-      const auto dash = rest.find('-');
-      if (dash == std::string::npos || dash == 0 || dash > 9 || rest.size() != dash + 7 ||
-          rest.find_first_not_of("0123456789") != dash) {
-        continue;
-      }
-      const pid_t owner = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
-      if (owner != ::getpid() && ::kill(owner, 0) != 0 && errno == ESRCH) stale.push_back(dir + "/" + n);
-    }
-  }
-  ::closedir(d);
-  for (const auto& f : stale) ::unlink(f.c_str());
-}
+void remove_stale_tokenizer_files(const std::string& dir) { io::TempDir::remove_stale(kTokenizerTempPrefix, dir); }
 
 }  // namespace data
 }  // namespace frugal

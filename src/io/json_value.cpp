@@ -1,5 +1,7 @@
 #include "frugal/io/json_value.h"
 
+#include "frugal/io/files.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -127,7 +129,7 @@ class Parser {
     if (consume("false")) return JsonValue::make_bool(false);
     if (consume("null")) return JsonValue();
     if (c == '-' || (c >= '0' && c <= '9')) return parse_number();
-    fail(std::string("unexpected character '") + c + "'");
+    fail("unexpected character '" + printable(std::string(1, c)) + "'");
   }
 
   JsonValue parse_object(int depth) {
@@ -143,7 +145,7 @@ class Parser {
       skip_space();
       if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string key");
       std::string key = parse_string();
-      if (!keys.insert(key).second) fail("duplicate key '" + key + "'");
+      if (!keys.insert(key).second) fail("duplicate key '" + printable(key) + "'");
       skip_space();
       if (pos_ >= s_.size() || s_[pos_] != ':') fail("expected ':'");
       ++pos_;
@@ -249,7 +251,7 @@ class Parser {
           append_utf8(out, cp);
           break;
         }
-        default: fail(std::string("bad escape '\\") + e + "'");
+        default: fail("bad escape '\\" + printable(std::string(1, e)) + "'");
       }
     }
   }

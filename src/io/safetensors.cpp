@@ -68,24 +68,25 @@ SafetensorsHeader parse_safetensors_header(const std::string& json, uint64_t dat
   if (!root.is_object()) fail("header is not a JSON object");
   SafetensorsHeader h;
   for (const auto& [name, v] : root.members()) {
+    const std::string shown = printable(name);  // names and values are quoted escaped and cut
     if (name == "__metadata__") {
       if (!v.is_object()) fail("__metadata__ is not an object");
       for (const auto& [k, m] : v.members()) {
-        if (!m.is_string()) fail("__metadata__ value of '" + k + "' is not a string");
+        if (!m.is_string()) fail("__metadata__ value of '" + printable(k) + "' is not a string");
         h.metadata[k] = m.as_string();
       }
       continue;
     }
-    if (!v.is_object()) fail("entry '" + name + "' is not an object");
+    if (!v.is_object()) fail("entry '" + shown + "' is not an object");
     TensorEntry e;
     e.name = name;
     const JsonValue* dtype = v.find("dtype");
     const JsonValue* shape = v.find("shape");
     const JsonValue* offsets = v.find("data_offsets");
-    if (!dtype || !dtype->is_string()) fail("tensor '" + name + "' has no dtype string");
-    if (!shape || !shape->is_array()) fail("tensor '" + name + "' has no shape array");
+    if (!dtype || !dtype->is_string()) fail("tensor '" + shown + "' has no dtype string");
+    if (!shape || !shape->is_array()) fail("tensor '" + shown + "' has no shape array");
     if (!offsets || !offsets->is_array() || offsets->items().size() != 2) {
-      fail("tensor '" + name + "' needs data_offsets [begin, end]");
+      fail("tensor '" + shown + "' needs data_offsets [begin, end]");
     }
     bool known = false;
     for (const auto& d : kDtypes) {
@@ -94,28 +95,28 @@ SafetensorsHeader parse_safetensors_header(const std::string& json, uint64_t dat
         known = true;
       }
     }
-    if (!known) fail("tensor '" + name + "' has unsupported dtype '" + dtype->as_string() + "'");
+    if (!known) fail("tensor '" + shown + "' has unsupported dtype '" + printable(dtype->as_string()) + "'");
     uint64_t numel = 1;
-    if (shape->items().size() > 16) fail("tensor '" + name + "' has more than 16 dimensions");
+    if (shape->items().size() > 16) fail("tensor '" + shown + "' has more than 16 dimensions");
     for (const JsonValue& dim : shape->items()) {
-      if (!dim.is_integer() || dim.as_int() < 0) fail("tensor '" + name + "' has a dimension that is not a non-negative integer");
+      if (!dim.is_integer() || dim.as_int() < 0) fail("tensor '" + shown + "' has a dimension that is not a non-negative integer");
       e.shape.push_back(dim.as_int());
-      numel = checked_mul(numel, static_cast<uint64_t>(dim.as_int()), name);
+      numel = checked_mul(numel, static_cast<uint64_t>(dim.as_int()), shown);
     }
     const JsonValue& b = offsets->items()[0];
     const JsonValue& en = offsets->items()[1];
     if (!b.is_integer() || !en.is_integer() || b.as_int() < 0 || en.as_int() < b.as_int()) {
-      fail("tensor '" + name + "' has bad data_offsets");
+      fail("tensor '" + shown + "' has bad data_offsets");
     }
     e.begin = static_cast<uint64_t>(b.as_int());
     e.end = static_cast<uint64_t>(en.as_int());
     if (e.end > data_bytes) {
-      fail("tensor '" + name + "' ends at byte " + std::to_string(e.end) + " but the data section has " +
+      fail("tensor '" + shown + "' ends at byte " + std::to_string(e.end) + " but the data section has " +
            std::to_string(data_bytes));
     }
-    const uint64_t expected = checked_mul(numel, c10::elementSize(e.dtype), name);
+    const uint64_t expected = checked_mul(numel, c10::elementSize(e.dtype), shown);
     if (e.end - e.begin != expected) {
-      fail("tensor '" + name + "' has " + std::to_string(e.end - e.begin) + " bytes of data but its dtype and shape need " +
+      fail("tensor '" + shown + "' has " + std::to_string(e.end - e.begin) + " bytes of data but its dtype and shape need " +
            std::to_string(expected));
     }
     h.tensors.push_back(std::move(e));
@@ -126,47 +127,41 @@ SafetensorsHeader parse_safetensors_header(const std::string& json, uint64_t dat
   std::sort(sorted.begin(), sorted.end(), [](const TensorEntry* a, const TensorEntry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < sorted.size(); ++i) {
     if (sorted[i]->begin < sorted[i - 1]->end) {
-      fail("tensors '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
+      fail("tensors '" + printable(sorted[i - 1]->name) + "' and '" + printable(sorted[i]->name) + "' overlap");
     }
   }
   return h;
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail(path + ": cannot open (" + std::strerror(errno) + ")");
   try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) fail(path + ": not a regular file");
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (size < 8) fail(path + ": too short to be a safetensors file (" + std::to_string(size) + " bytes)");
-    unsigned char len_bytes[8];
-    read_exact(fd_, len_bytes, 8, 0, path);
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
-    if (header_len > size - 8) {
-      fail(path + ": header length " + std::to_string(header_len) + " exceeds the file (" + std::to_string(size) + " bytes)");
-    }
-    if (header_len > kMaxSafetensorsHeaderBytes) fail(path + ": header length " + std::to_string(header_len) + " exceeds 100 MiB");
-    std::string json(header_len, '\0');
-    read_exact(fd_, &json[0], header_len, 8, path);
-    data_start_ = 8 + header_len;
-    try {
-      header_ = parse_safetensors_header(json, size - data_start_);
-    } catch (const SafetensorsError& e) {
-      fail(path + ": " + e.what());
-    }
-    for (size_t i = 0; i < header_.tensors.size(); ++i) index_[header_.tensors[i].name] = i;
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
+    file_ = open_regular_file(path);  // a FIFO or a device is refused, never waited on
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
   }
+  const int fd = file_.fd();
+  const uint64_t size = file_.size();
+  if (size < 8) fail(path + ": too short to be a safetensors file (" + std::to_string(size) + " bytes)");
+  unsigned char len_bytes[8];
+  read_exact(fd, len_bytes, 8, 0, path);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > size - 8) {
+    fail(path + ": header length " + std::to_string(header_len) + " exceeds the file (" + std::to_string(size) + " bytes)");
+  }
+  if (header_len > kMaxSafetensorsHeaderBytes) fail(path + ": header length " + std::to_string(header_len) + " exceeds 100 MiB");
+  std::string json(header_len, '\0');
+  read_exact(fd, &json[0], header_len, 8, path);
+  data_start_ = 8 + header_len;
+  try {
+    header_ = parse_safetensors_header(json, size - data_start_);
+  } catch (const SafetensorsError& e) {
+    fail(path + ": " + e.what());
+  }
+  for (size_t i = 0; i < header_.tensors.size(); ++i) index_[header_.tensors[i].name] = i;
 }
 
-SafetensorsReader::~SafetensorsReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsReader::~SafetensorsReader() = default;
 
 const TensorEntry* SafetensorsReader::find(const std::string& name) const {
   auto it = index_.find(name);
@@ -177,7 +172,7 @@ at::Tensor SafetensorsReader::load(const std::string& name) const {
   const TensorEntry* e = find(name);
   if (!e) fail(path_ + ": no tensor named '" + name + "'");
   at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(e->dtype));
-  if (e->end > e->begin) read_exact(fd_, t.data_ptr(), e->end - e->begin, data_start_ + e->begin, path_);
+  if (e->end > e->begin) read_exact(file_.fd(), t.data_ptr(), e->end - e->begin, data_start_ + e->begin, path_);
   return t;
 }
 

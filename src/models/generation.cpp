@@ -137,10 +137,10 @@ namespace {
 
 // eos_token_id of one JSON file: nullopt-like empty + found=false when the file or key is absent.
 bool read_eos(const std::string& path, std::vector<int32_t>* out) {
-  if (!io::is_regular_file(path)) return false;
+  if (!io::path_exists(path)) return false;  // present but no regular file: refused by read_file
   io::JsonValue j;
   try {
-    j = io::parse_json(io::read_file(path));
+    j = io::parse_json(io::read_file(path, io::kMetadataFileBytes));
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(path + ": " + e.what());
   }

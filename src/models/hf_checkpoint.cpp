@@ -39,10 +39,10 @@ class WeightFiles {
   explicit WeightFiles(const std::string& dir) : dir_(dir) {
     const std::string index = dir + "/model.safetensors.index.json";
     single_ = dir + "/model.safetensors";
-    if (io::is_regular_file(index)) {
+    if (io::path_exists(index)) {  // present but no regular file: refused by read_file
       io::JsonValue j;
       try {
-        j = io::parse_json(io::read_file(index));
+        j = io::parse_json(io::read_file(index, io::kMetadataFileBytes));
         const io::JsonValue* map = j.is_object() ? j.find("weight_map") : nullptr;
         if (!map || !map->is_object()) throw std::invalid_argument(index + ": 'weight_map' must be an object");
         for (const auto& [name, file] : map->members()) {
@@ -56,7 +56,7 @@ class WeightFiles {
       } catch (const io::JsonError& e) {
         throw std::invalid_argument(index + ": " + e.what());
       }
-    } else if (!io::is_regular_file(single_)) {
+    } else if (!io::path_exists(single_)) {
       throw std::invalid_argument(dir + ": no model.safetensors or model.safetensors.index.json");
     }
   }

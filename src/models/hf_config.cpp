@@ -186,7 +186,7 @@ std::string activation_from_hf(const Fields& f, const char* key, const std::stri
 DecoderConfig read_hf_config(const std::string& path) {
   io::JsonValue j;
   try {
-    j = io::parse_json(io::read_file(path));
+    j = io::parse_json(io::read_file(path, io::kMetadataFileBytes));
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(path + ": " + e.what());
   }

@@ -672,7 +672,7 @@ ResolvedModel resolve_model_config(const Recipe& r) {
   if (!io::path_exists(r.init_from) || io::is_regular_file(r.init_from)) {
     throw RecipeError("model.init_from " + r.init_from + " is not a folder (a Hugging Face checkpoint folder is needed)");
   }
-  if (!io::is_regular_file(path)) throw RecipeError("model.init_from " + r.init_from + " has no config.json");
+  if (!io::path_exists(path)) throw RecipeError("model.init_from " + r.init_from + " has no config.json");
   models::DecoderConfig file;
   try {
     file = models::read_hf_config(path);
@@ -759,11 +759,13 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& source, con
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw RecipeError("recipe " + path + " cannot be read (no such file?)");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_recipe(text.str(), path, overrides);
+  std::string text;
+  try {
+    text = io::read_file(path, io::kMetadataFileBytes, "recipe");  // a FIFO or a device is refused by name
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(e.what());
+  }
+  return parse_recipe(text, path, overrides);
 }
 
 data::ExampleOptions Recipe::example_options() const {

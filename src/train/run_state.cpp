@@ -195,16 +195,20 @@ int remove_stale_checkpoint_temps(const std::string& out_dir) {
 }
 
 std::string latest_checkpoint(const std::string& out_dir) {
-  std::ifstream in(out_dir + "/latest");
-  if (!in) return "";
-  std::string name;
-  std::getline(in, name);
-  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos) {
-    throw std::invalid_argument(out_dir + "/latest does not name a checkpoint");
-  }
+  const std::string path = out_dir + "/latest";
   struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  // One short line, read through the one checked opening (a FIFO, a device or a folder is refused
+  // by name; a large file by its size); quoted escaped and cut.
+  const std::string text = io::read_file(path, io::kPointerFileBytes);
+  const std::string name = text.substr(0, text.find('\n'));
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
+    throw std::invalid_argument(path + " does not name a checkpoint (it holds '" + io::printable(name) + "')");
+  }
   const std::string dir = out_dir + "/" + name;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw std::invalid_argument(out_dir + "/latest points at a missing " + name);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw std::invalid_argument(path + " points at a missing " + io::printable(name));
+  }
   return dir;
 }
 
@@ -212,7 +216,7 @@ RunState read_trainer_state(const std::string& checkpoint_dir, int64_t max_step)
   const std::string path = checkpoint_dir + "/trainer_state.json";
   io::JsonValue j;
   try {
-    j = io::parse_json(io::read_file(path));
+    j = io::parse_json(io::read_file(path, io::kMetadataFileBytes));
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(path + ": " + e.what());
   }
@@ -280,7 +284,7 @@ void load_checkpoint_optimizer_state(const std::string& dir, optim::Optimizer& o
   }
   io::JsonValue j;
   try {
-    j = io::parse_json(io::read_file(index_path));
+    j = io::parse_json(io::read_file(index_path, io::kMetadataFileBytes));
   } catch (const io::JsonError& e) {
     throw std::invalid_argument(index_path + ": " + e.what());
   }

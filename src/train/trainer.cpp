@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "frugal/checkpoint/autocast.h"
 #include "frugal/models/activation_bytes.h"
@@ -45,8 +46,8 @@ std::vector<optim::ParamGroup> param_groups(models::DecoderImpl& model) {
 
 // Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after).
 void truncate_metrics(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
-  if (!in) return;
+  if (!io::path_exists(path)) return;
+  std::istringstream in(io::read_file(path, io::kWholeDataFileBytes, "metrics file"));
   std::string line, kept;
   while (std::getline(in, line)) {
     try {
@@ -118,7 +119,7 @@ data::ExampleStats make_examples(const std::vector<std::string>& sources, const 
                                  const std::string& path, const std::string& key, const LogFn& log) {
   const std::string stamp_path = path + ".stamp";
   const std::string stamp = data::examples_fingerprint(tok, options) + "\n" + sources_stamp(sources);
-  if (io::path_exists(path) && io::path_exists(stamp_path) && io::read_file(stamp_path) == stamp) return {};
+  if (io::path_exists(path) && io::path_exists(stamp_path) && io::read_file(stamp_path, io::kMetadataFileBytes) == stamp) return {};
   io::make_directories(io::parent_path(path));
   data::ExampleStats made;
   try {
@@ -237,7 +238,7 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
   bool fresh = !io::path_exists(p.tokens_path);
   if (!fresh) {
     data::TokenFile f(p.tokens_path);
-    fresh = f.vocab_size() != p.vocab_size || !io::path_exists(stamp_path) || io::read_file(stamp_path) != stamp;
+    fresh = f.vocab_size() != p.vocab_size || !io::path_exists(stamp_path) || io::read_file(stamp_path, io::kMetadataFileBytes) != stamp;
     if (fresh) log(p.tokens_path + " was made with another tokenizer: remaking it");
   }
   if (fresh) {
@@ -489,6 +490,10 @@ class Trainer {
         schedule_->set_last_step(s.schedule_step);
         rng_state_from_hex(s.rng_state_hex);
         result_.checkpoint = latest;
+        // The metrics file is read back (cut to this step) only when the run starts: one that is
+        // no regular file is refused now, before anything is printed.
+        const std::string metrics = r_.out_dir + "/metrics.jsonl";
+        if (is_rank0() && io::path_exists(metrics)) io::open_regular_file(metrics, "--resume: metrics file");
         log_("resumed from " + latest + " at step " + std::to_string(start_));
       } else {
         log_("nothing to resume in " + r_.out_dir + ": starting from step 0");

@@ -39,7 +39,7 @@ check "frugal report a.json b.json -o r.html" grep -q "wrote $tmp/r.html (2 trac
 check "--memory-viz with two traces is a usage error" test $? = 2
 check "--memory-viz with two traces says why" grep -q "memory-viz takes exactly one trace, got 2" "$tmp/err"
 "$frugal" report "$tmp/a.json" "$tmp/nonexistent.json" -o "$tmp/y.html" >/dev/null 2>"$tmp/err"
-check "a missing trace is a usage error naming it" grep -q "trace $tmp/nonexistent.json cannot be read" "$tmp/err"
+check "a missing trace is a usage error naming it" grep -q "trace $tmp/nonexistent.json does not exist" "$tmp/err"
 
 browser=("$chromium_bin" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --disable-background-networking
          --no-first-run --user-data-dir="$tmp/profile" --virtual-time-budget=5000 --enable-logging=stderr --v=0)

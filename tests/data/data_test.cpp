@@ -16,6 +16,7 @@
 
 #include "frugal/data/corpus.h"
 #include "frugal/data/tokenizer.h"
+#include "frugal/io/files.h"
 
 using namespace frugal::data;
 
@@ -188,12 +189,10 @@ TEST(Tokenizer, TrainingLeavesNoTemporaryFilesAndRemovesDeadRunsLeftovers) {
   const std::string me = std::to_string(::getpid());
   auto ours = [&](const std::string& pid) {
     int n = 0;
-    for (const char* prefix : {"frugal-tokenizer-corpus-", "frugal-tokenizer-log-"}) {
-      const std::string want = prefix + pid + "-";
-      if (DIR* dd = ::opendir("/tmp")) {
-        while (dirent* e = ::readdir(dd)) n += std::string(e->d_name).rfind(want, 0) == 0;
-        ::closedir(dd);
-      }
+    const std::string want = "frugal-tokenizer-" + pid + "-";
+    if (DIR* dd = ::opendir("/tmp")) {
+      while (dirent* e = ::readdir(dd)) n += std::string(e->d_name).rfind(want, 0) == 0;
+      ::closedir(dd);
     }
     return n;
   };
@@ -205,12 +204,13 @@ TEST(Tokenizer, TrainingLeavesNoTemporaryFilesAndRemovesDeadRunsLeftovers) {
   int status = 0;
   ::waitpid(child, &status, 0);
   const std::string dead = std::to_string(child), live = std::to_string(::getppid());
-  std::ofstream("/tmp/frugal-tokenizer-corpus-" + dead + "-abcdef") << "left by a kill";
-  std::ofstream("/tmp/frugal-tokenizer-log-" + live + "-abcdef") << "in use";
+  frugal::io::make_directories("/tmp/frugal-tokenizer-" + dead + "-abcdef");
+  std::ofstream("/tmp/frugal-tokenizer-" + dead + "-abcdef/corpus.txt") << "left by a kill";
+  frugal::io::make_directories("/tmp/frugal-tokenizer-" + live + "-abcdef");
   remove_stale_tokenizer_files();
   EXPECT_EQ(ours(dead), 0);
   EXPECT_EQ(ours(live), 1);
-  std::remove(("/tmp/frugal-tokenizer-log-" + live + "-abcdef").c_str());
+  frugal::io::remove_tree("/tmp/frugal-tokenizer-" + live + "-abcdef");
 }
 
 TEST(Tokenizer, TrainingErrorsCarryNoSentencePieceLogLines) {

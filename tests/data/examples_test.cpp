@@ -419,11 +419,11 @@ TEST(ExamplesEncoder, LossStartsAtTheTokenHoldingTheAnswersFirstByte) {
 // every whole prefix, and the ids those of one encode call over the text.
 TEST(ExamplesEncoder, AnchoredBoundariesEqualWholePrefixEncoding) {
   const std::string fixtures = std::string(FRUGAL_SOURCE_DIR) + "/tests/data/fixtures/";
-  const auto expected = frugal::io::parse_json(frugal::io::read_file(fixtures + "expected_ids.json"));
+  const auto expected = frugal::io::parse_json(frugal::io::read_file(fixtures + "expected_ids.json", frugal::io::kTokenizerFileBytes));
   const std::vector<std::string> added = {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"};
   for (const char* name : {"gpt2", "llama3", "llama2", "mistral"}) {
     SCOPED_TRACE(name);
-    std::string text = frugal::io::read_file(fixtures + name + ".json");
+    std::string text = frugal::io::read_file(fixtures + name + ".json", frugal::io::kTokenizerFileBytes);
     const int64_t vocab = expected.at(name).at("vocab_size").as_int();
     std::string tokens;
     for (size_t i = 0; i < added.size(); ++i) {
@@ -642,7 +642,7 @@ TEST(ExamplesReading, SkipBadCountsAndKeepsTheFirstReasons) {
 
 namespace {
 
-std::string read_bytes(const std::string& path) { return frugal::io::read_file(path); }
+std::string read_bytes(const std::string& path) { return frugal::io::read_file(path, frugal::io::kTokenizerFileBytes); }
 
 template <typename T>
 void put(std::string& bytes, size_t at, T value) {
@@ -1018,7 +1018,7 @@ ChildRun tokenize_in_child(const std::string& data, const Tokenizer& tok, const 
     const long long before = status_kib("VmRSS:");
     ChildRun r;
     try {
-      const std::string copy = held ? frugal::io::read_file(data) : std::string();
+      const std::string copy = held ? frugal::io::read_file(data, frugal::io::kTokenizerFileBytes) : std::string();
       const ExampleStats s = tokenize_examples({data}, tok, ExampleOptions(), out);
       if (held && copy.empty()) ::_exit(5);
       r.examples = s.examples;

@@ -23,7 +23,7 @@ namespace {
 std::string fixture(const std::string& name) { return std::string(FRUGAL_SOURCE_DIR) + "/tests/data/fixtures/" + name; }
 
 const frugal::io::JsonValue& expected() {
-  static const frugal::io::JsonValue v = frugal::io::parse_json(frugal::io::read_file(fixture("expected_ids.json")));
+  static const frugal::io::JsonValue v = frugal::io::parse_json(frugal::io::read_file(fixture("expected_ids.json"), frugal::io::kTokenizerFileBytes));
   return v;
 }
 
@@ -132,7 +132,7 @@ TEST(HfTokenizer, InvalidUtf8IsRefused) {
 }
 
 TEST(HfTokenizer, MalformedFilesAreRefusedNamingTheField) {
-  const std::string good = frugal::io::read_file(fixture("gpt2.json"));
+  const std::string good = frugal::io::read_file(fixture("gpt2.json"), frugal::io::kTokenizerFileBytes);
   expect_refused("{", "not valid JSON");
   expect_refused(R"({"version": "1.0"})", "'model' is missing");
   expect_refused(with_replaced(good, "\"type\":\"BPE\"", "\"type\":\"WordPiece\""), "model: type 'WordPiece' is not supported");
@@ -145,7 +145,7 @@ TEST(HfTokenizer, MalformedFilesAreRefusedNamingTheField) {
   expect_refused(with_replaced(good, "\"truncation\":null", "\"truncation\":{\"max_length\":8}"), "truncation");
   expect_refused(with_replaced(good, "\"single_word\":false", "\"single_word\":true"), "added_tokens[0]: single_word");
   expect_refused(with_replaced(good, "\"version\":\"1.0\"", "\"version\":\"1.0\",\"frobnicate\":1"), "'frobnicate'");
-  const std::string l3 = frugal::io::read_file(fixture("llama3.json"));
+  const std::string l3 = frugal::io::read_file(fixture("llama3.json"), frugal::io::kTokenizerFileBytes);
   expect_refused(with_replaced(l3, "\"behavior\":\"Isolated\"", "\"behavior\":\"Sideways\""), "behavior 'Sideways'");
   expect_refused(with_replaced(l3, "\"Regex\":\"(?i:", "\"Regex\":\"((?i:"), "does not compile");
   EXPECT_THROW(HfTokenizer::load("/nonexistent/tokenizer.json"), std::invalid_argument);

@@ -102,11 +102,15 @@ struct TokenizerTrainOptions {
 // Trains on the documents and writes <model_prefix>.model and .vocab, in the frugal-spm-train
 // helper (which dies with this process). Throws std::invalid_argument with SentencePiece's reason
 // (without its log lines) when it refuses the input, std::runtime_error when the helper fails. The
-// temporary corpus and log files in /tmp carry our PID and are removed on every way out.
+// temporary corpus and log live in an io::TempDir (its name carries our PID), removed on every way
+// out, SIGINT, SIGTERM and SIGHUP included.
 void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
                      const TokenizerTrainOptions& options = {});
 
-// Removes temporary files of train_tokenizer left in `dir` by processes that are dead (killed).
+// train_tokenizer's temporary folder: <$TMPDIR or /tmp>/frugal-tokenizer-<pid>-XXXXXX (an io::TempDir).
+constexpr const char* kTokenizerTempPrefix = "frugal-tokenizer";
+// Removes temporary folders of train_tokenizer left in `dir` by processes that are dead (killed
+// with SIGKILL; other signals remove them as they end). train_tokenizer does this itself.
 void remove_stale_tokenizer_files(const std::string& dir = "/tmp");
 
 }  // namespace data

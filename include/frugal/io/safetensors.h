@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "frugal/io/files.h"
+
 namespace frugal {
 namespace io {
 
@@ -60,7 +62,7 @@ class SafetensorsReader {
 
  private:
   std::string path_;
-  int fd_ = -1;
+  ReadableFile file_;  // io::open_regular_file's: a regular file, its size at open
   uint64_t data_start_ = 0;
   SafetensorsHeader header_;
   std::map<std::string, size_t> index_;
