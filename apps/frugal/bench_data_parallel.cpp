@@ -67,9 +67,10 @@ int bench_data_parallel(int argc, char** argv) {
   check_recipe_inputs(recipe, /*data=*/true);
   warn_if_slow_blas();
   if (loopback_bytes() < 0) throw std::runtime_error("cannot read /sys/class/net/lo/statistics/tx_bytes, which measures the wire bytes");
-  char tmp[] = "/tmp/frugal-bench-dp-XXXXXX";
-  if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
-  const std::string dir = tmp;
+  // The runs' folders, JSON and logs: removed on every way out, SIGINT, SIGTERM and SIGHUP included
+  // (while the ranks run, the launcher's handler forwards those to them and the failure unwinds here).
+  const io::TempDir tmp("frugal-bench-dp");
+  const std::string& dir = tmp.path();
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string exe = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]);
@@ -154,7 +155,6 @@ int bench_data_parallel(int argc, char** argv) {
                io::human_bytes(static_cast<int64_t>(minimum)).c_str(), wire / minimum,
                io::human_bytes(by_rank.front().at("optimizer_state").as_int()).c_str(), io::human_bytes(state1).c_str());
   write_output(json_out, json.str());
-  io::remove_tree(dir);
   return 0;
 }
 

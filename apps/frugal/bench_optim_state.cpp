@@ -63,7 +63,7 @@ int bench_optim_state(int argc, char** argv) {
       throw UsageError(e.what());
     }
   };
-  if (steps > 0) check_recipe_inputs(recipe_for(optim::StatePrecision::fp32, "/tmp/unused"), /*data=*/true);
+  if (steps > 0) check_recipe_inputs(recipe_for(optim::StatePrecision::fp32, io::TempDir::base()), /*data=*/true);
 
   warn_if_slow_blas();
   const int64_t width = 2048, rows = std::max<int64_t>(1, params / width);
@@ -103,10 +103,8 @@ int bench_optim_state(int argc, char** argv) {
   }
   if (steps > 0) {
     for (size_t i = 0; i < precisions.size(); ++i) {
-      char tmp[] = "/tmp/frugal-bench-state-XXXXXX";
-      if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
-      const io::TempPath out_dir(tmp);  // removed on every way out, errors included
-      const train::Recipe r = recipe_for(precisions[i], tmp);
+      const io::TempDir out_dir("frugal-bench-state");  // removed on every way out, signals included
+      const train::Recipe r = recipe_for(precisions[i], out_dir.path());
       TrainProgress shown(std::string("frugal bench optim-state (") + optim::precision_name(precisions[i]) + "): ", /*bar=*/false);
       const auto result = train::run_training(r, train::TrainOptions().sample(false).on_progress(shown.on_progress()), shown.log());
       // The final loss: the mean of the last 10% of the steps (one step is noisy).

@@ -30,9 +30,15 @@ int bench_packing(int argc, char** argv) {
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   recipe_path = resolve_recipe(recipe_path);
-  char tmp[] = "/tmp/frugal-bench-packing-XXXXXX";
-  if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
-  const std::string out_dir = tmp;
+  try {  // the recipe checked before the temporary folder is made
+    if (train::load_recipe(recipe_path, overrides).text_data()) {
+      throw UsageError("bench packing needs an examples recipe (data.format alpaca, prompt_completion or messages)");
+    }
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
+  }
+  const io::TempDir tmp("frugal-bench-packing");  // removed on every way out, signals included
+  const std::string& out_dir = tmp.path();
   auto run = [&](bool packing) {
     std::vector<std::string> o = overrides;
     o.push_back(std::string("data.packing=") + (packing ? "true" : "false"));
@@ -68,7 +74,6 @@ int bench_packing(int argc, char** argv) {
     }
   };
   const train::TrainResult rows = run(false), packed = run(true);
-  io::remove_tree(out_dir);
   // Real tokens a second over the steps after the first (which warms the allocator and kernels up).
   auto tokens_per_s = [](const train::TrainResult& r) {
     double tokens = 0, seconds = 0;

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "frugal/bench/hardware.h"
 #include "frugal/checkpoint/autocast.h"
+#include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
 #include "frugal/train/trainer.h"
@@ -49,22 +50,23 @@ int bench_train(int argc, char** argv) {
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }
-  char tmp[] = "/tmp/frugal-bench-train-XXXXXX";
-  if (!::mkdtemp(tmp)) throw std::runtime_error("cannot create a temporary folder");
   overrides.push_back("train.steps=" + std::to_string(steps));
   overrides.push_back("schedule.warmup_steps=1");
   overrides.push_back("train.checkpoint_interval=0");
   overrides.push_back("train.eval_interval=0");
   overrides.push_back("train.log_interval=1000000");
-  overrides.push_back(std::string("train.out_dir=") + tmp);
+  // A folder that exists while the inputs are checked; the runs' own is made after.
+  overrides.push_back("train.out_dir=" + io::TempDir::base());
   train::Recipe on;
   try {
     on = train::load_recipe(recipe_path, overrides);
   } catch (const train::RecipeError& e) {
-    ::rmdir(tmp);
     throw UsageError(e.what());
   }
   check_recipe_inputs(on, /*data=*/true);
+  // The runs' checkpoints and metrics: removed on every way out, SIGINT, SIGTERM and SIGHUP included.
+  const io::TempDir out_dir("frugal-bench-train");
+  on.out_dir = out_dir.path();
   warn_if_slow_blas();
   // The four corners: the recipe's techniques on and off, each with fp32 and with bf16 products
   // (autocast over fp32 parameters; a bf16-parameter recipe computes in bf16 either way).
