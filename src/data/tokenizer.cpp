@@ -522,7 +522,9 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   }
 }
 
-void remove_stale_tokenizer_files(const std::string& dir) { io::TempDir::remove_stale(kTokenizerTempPrefix, dir); }
+void remove_stale_tokenizer_files(const std::string& dir) {
+  io::TempDir::remove_stale(kTokenizerTempPrefix, dir.empty() ? io::TempDir::base() : dir);
+}
 
 }  // namespace data
 }  // namespace frugal

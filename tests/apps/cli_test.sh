@@ -468,14 +468,14 @@ kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 sleep 0.5
 # Dead: gone, or a zombie nobody has reaped yet (PID 1 of a container may not reap).
-if [ -n "$helper" ] && { [ ! -e "/proc/$helper" ] || grep -q '^State:.*Z' "/proc/$helper/status" 2>/dev/null; } && compgen -G "/tmp/frugal-tokenizer-$pid-*/corpus.txt" >/dev/null; then
+if [ -n "$helper" ] && { [ ! -e "/proc/$helper" ] || grep -q '^State:.*Z' "/proc/$helper/status" 2>/dev/null; } && compgen -G "${TMPDIR:-/tmp}/frugal-tokenizer-$pid-*/corpus.txt" >/dev/null; then
   pass=$((pass + 1))
 else
   echo "FAIL: the tokenizer helper (${helper:-never seen}) outlived its parent: $(grep State "/proc/$helper/status" 2>/dev/null)"; [ -n "$helper" ] && kill -9 "$helper" 2>/dev/null
   failed=$((failed + 1))
 fi
 expect 0 "pieces from" -- tokenizer train "$tmp/corpus" --out "$tmp/t3" --vocab-size 300
-if compgen -G "/tmp/frugal-tokenizer-$pid-*" >/dev/null; then echo "FAIL: a killed run's tokenizer files stayed"; failed=$((failed + 1)); else pass=$((pass + 1)); fi
+if compgen -G "${TMPDIR:-/tmp}/frugal-tokenizer-$pid-*" >/dev/null; then echo "FAIL: a killed run's tokenizer files stayed"; failed=$((failed + 1)); else pass=$((pass + 1)); fi
 
 # A memory limit: the run stops cleanly, says what holds the memory and which techniques fit.
 "$frugal" train tiny "${common[@]}" train.steps=8 train.out_dir="$tmp/limited" --memory-limit 4MiB >"$tmp/out" 2>"$tmp/err"

@@ -187,10 +187,11 @@ TEST(Tokenizer, BadModelPathsAreNamedInOurWords) {
 
 TEST(Tokenizer, TrainingLeavesNoTemporaryFilesAndRemovesDeadRunsLeftovers) {
   const std::string me = std::to_string(::getpid());
+  const std::string tmp = frugal::io::TempDir::base();  // where training makes its folder
   auto ours = [&](const std::string& pid) {
     int n = 0;
     const std::string want = "frugal-tokenizer-" + pid + "-";
-    if (DIR* dd = ::opendir("/tmp")) {
+    if (DIR* dd = ::opendir(tmp.c_str())) {
       while (dirent* e = ::readdir(dd)) n += std::string(e->d_name).rfind(want, 0) == 0;
       ::closedir(dd);
     }
@@ -204,13 +205,13 @@ TEST(Tokenizer, TrainingLeavesNoTemporaryFilesAndRemovesDeadRunsLeftovers) {
   int status = 0;
   ::waitpid(child, &status, 0);
   const std::string dead = std::to_string(child), live = std::to_string(::getppid());
-  frugal::io::make_directories("/tmp/frugal-tokenizer-" + dead + "-abcdef");
-  std::ofstream("/tmp/frugal-tokenizer-" + dead + "-abcdef/corpus.txt") << "left by a kill";
-  frugal::io::make_directories("/tmp/frugal-tokenizer-" + live + "-abcdef");
+  frugal::io::make_directories(tmp + "/frugal-tokenizer-" + dead + "-abcdef");
+  std::ofstream(tmp + "/frugal-tokenizer-" + dead + "-abcdef/corpus.txt") << "left by a kill";
+  frugal::io::make_directories(tmp + "/frugal-tokenizer-" + live + "-abcdef");
   remove_stale_tokenizer_files();
   EXPECT_EQ(ours(dead), 0);
   EXPECT_EQ(ours(live), 1);
-  frugal::io::remove_tree("/tmp/frugal-tokenizer-" + live + "-abcdef");
+  frugal::io::remove_tree(tmp + "/frugal-tokenizer-" + live + "-abcdef");
 }
 
 TEST(Tokenizer, TrainingErrorsCarryNoSentencePieceLogLines) {

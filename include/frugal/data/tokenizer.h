@@ -110,8 +110,9 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
 // train_tokenizer's temporary folder: <$TMPDIR or /tmp>/frugal-tokenizer-<pid>-XXXXXX (an io::TempDir).
 constexpr const char* kTokenizerTempPrefix = "frugal-tokenizer";
 // Removes temporary folders of train_tokenizer left in `dir` by processes that are dead (killed
-// with SIGKILL; other signals remove them as they end). train_tokenizer does this itself.
-void remove_stale_tokenizer_files(const std::string& dir = "/tmp");
+// with SIGKILL; other signals remove them as they end). train_tokenizer does this itself. An empty
+// `dir` is io::TempDir::base() ($TMPDIR, or /tmp), where train_tokenizer makes its folder.
+void remove_stale_tokenizer_files(const std::string& dir = "");
 
 }  // namespace data
 }  // namespace frugal
