@@ -6,7 +6,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
-#include <cerrno>
+#include "frugal/io/numbers.h"
+
 #include <cstdlib>
 #include <limits>
 #include <thread>
@@ -22,14 +23,7 @@ int64_t integer_variable(const char* name, int64_t lo, int64_t hi, std::optional
     if (fallback) return *fallback;
     throw std::invalid_argument(std::string("the environment variable ") + name + " must be set for a distributed run (WORLD_SIZE is set)");
   }
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi) {
-    throw std::invalid_argument(std::string("the environment variable ") + name + " is '" + text + "'; it must be an integer in [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return v;
+  return io::parse_int(text, std::string("the environment variable ") + name, lo, hi);
 }
 
 // The first line of an error, without LibTorch's "[file:line] " prefix or its backtrace.
@@ -52,7 +46,7 @@ std::optional<Environment> environment_from_variables() {
   const char* ws = std::getenv("WORLD_SIZE");
   if (!ws || !*ws) return std::nullopt;
   Environment env;
-  env.world_size = integer_variable("WORLD_SIZE", 1, 4096, std::nullopt);
+  env.world_size = integer_variable("WORLD_SIZE", 1, kMaxWorldSize, std::nullopt);
   env.rank = integer_variable("RANK", 0, env.world_size - 1, std::nullopt);
   env.local_world_size = integer_variable("LOCAL_WORLD_SIZE", 1, env.world_size, env.world_size);
   env.local_rank = integer_variable("LOCAL_RANK", 0, env.local_world_size - 1, env.rank % env.local_world_size);
@@ -63,6 +57,12 @@ std::optional<Environment> environment_from_variables() {
   if (addr && *addr) env.master_addr = addr;
   env.master_port = integer_variable("MASTER_PORT", 1, 65535, env.world_size > 1 ? std::nullopt : std::optional<int64_t>(29500));
   return env;
+}
+
+std::optional<int64_t> master_port_variable() {
+  const char* text = std::getenv("MASTER_PORT");
+  if (!text || !*text) return std::nullopt;
+  return integer_variable("MASTER_PORT", 1, 65535, std::nullopt);
 }
 
 std::vector<std::pair<std::string, std::string>> environment_variables(const Environment& env) {

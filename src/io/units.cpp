@@ -31,7 +31,8 @@ std::optional<int64_t> parse_bytes(const std::string& text) {
   // The number, then the unit: trailing letters (so "1e3" is a number and "5e" a bad unit).
   size_t unit_at = text.size();
   while (unit_at > 0 && std::isalpha(static_cast<unsigned char>(text[unit_at - 1]))) --unit_at;
-  const std::optional<double> value = to_double(text.substr(0, unit_at));
+  const std::string number = text.substr(0, unit_at);
+  const std::optional<double> value = to_double(number);
   if (!value || *value < 0 || (*value == 0 && text[0] == '-')) return std::nullopt;
   const std::string unit = text.substr(unit_at);
   double scale = 0;
@@ -46,8 +47,15 @@ std::optional<int64_t> parse_bytes(const std::string& text) {
   } else {
     return std::nullopt;
   }
+  constexpr int64_t kMax = 9'000'000'000'000'000'000;
+  // A whole number is counted exactly (a double would round 2^56 + 1 to 2^56, past a caller's bound).
+  if (const std::optional<int64_t> whole = to_int(number)) {
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(*whole, static_cast<int64_t>(scale), &bytes) || bytes > kMax) return std::nullopt;
+    return bytes;
+  }
   const double bytes = *value * scale;
-  if (bytes > 9.0e18 || (scale == 1 && *value != std::floor(*value))) return std::nullopt;
+  if (bytes > static_cast<double>(kMax) || (scale == 1 && *value != std::floor(*value))) return std::nullopt;
   return static_cast<int64_t>(std::llround(bytes));
 }
 

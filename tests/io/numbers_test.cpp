@@ -106,5 +106,8 @@ TEST(Numbers, ByteCountsReadTheirNumberAsStrictly) {
                           "9223372036854775807"}) {
     EXPECT_FALSE(parse_bytes(bad)) << bad;
   }
+  // Whole numbers exactly: 2^56 + 1 is not rounded to 2^56 (a caller's bound would let it by).
+  EXPECT_EQ(parse_bytes("72057594037927937"), (int64_t{1} << 56) + 1);
+  EXPECT_EQ(parse_bytes("8589934592G"), std::nullopt);  // 2^33 GiB = 2^63: past the count
   EXPECT_EQ(frugal::io::bytes_range(1, int64_t{1} << 56), "a byte count from 1 to 72057594037927936 (64 PiB)");
 }
