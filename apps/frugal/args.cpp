@@ -16,7 +16,9 @@ Args::Args(std::string command, std::string summary) : command_(std::move(comman
 
 void Args::add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value, int64_t max_value,
                    const std::string& metavar) {
-  flags_.push_back({name, help, metavar, std::to_string(*target), io::int_range(min_value, max_value), true,
+  // A default outside the range means "unset" (--stop-after's -1): the help shows none.
+  const bool has_default = *target >= min_value && *target <= max_value;
+  flags_.push_back({name, help, metavar, has_default ? std::to_string(*target) : "", io::int_range(min_value, max_value), true,
                     [=](const std::string& text) {
                       try {
                         *target = io::parse_int(text, "--" + name, min_value, max_value);

@@ -22,11 +22,12 @@ set -u
 frugal=$(readlink -f "$1")
 src=$(cd "$(dirname "$0")/../.." && pwd)
 exec python3 - "$frugal" "$src" <<'PY'
-import os, re, socket, subprocess, sys, tempfile, threading, time
+import atexit, os, re, shutil, socket, subprocess, sys, tempfile, threading, time
 from concurrent.futures import ThreadPoolExecutor
 
 frugal, src = sys.argv[1], sys.argv[2]
 tmp = tempfile.mkdtemp(prefix="frugal-hostile-numbers-")
+atexit.register(shutil.rmtree, tmp, True)
 failures, passes = [], [0]
 lock = threading.Lock()
 
@@ -298,7 +299,6 @@ network_case("a listener that is not a store", dict(dist, RANK="1", MASTER_PORT=
              f"127.0.0.1:{port}.*not rank 0's c10d store", 10)
 foreign.close()
 
-subprocess.run(["rm", "-rf", tmp])
 print(f"hostile numbers: {passes[0]} passed, {len(failures)} failed", flush=True)
 sys.exit(1 if failures else 0)
 PY
