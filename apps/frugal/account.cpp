@@ -112,14 +112,15 @@ int run_account(int argc, char** argv) {
             "kernel the build has (explicit; sdpa on LibTorch 2.x). With --budget, also plans which blocks\n"
             "to checkpoint to fit an activation budget and measures the plan. Prints a table (and JSON with --json-out).");
   add_stack_flags(args, config);
-  args.add_int("seed", &seed, "random seed", 0);
+  args.add_int("seed", &seed, "random seed", 0, kMaxSeed);
   args.add_output("json-out", &json_out, "also write the result as JSON here ('-' for standard output)", "FILE");
   args.add_bytes("budget", &budget,
-                  "activation budget: plan which blocks to checkpoint so the activation peak fits, then measure it");
+                  "activation budget: plan which blocks to checkpoint so the activation peak fits, then measure it", 0);
   args.add_output("trace-out", &trace_out, "write the allocation timeline (JSON; frugal report reads it)", "FILE");
   args.add_flag("skip-timing", &skip_timing, "do not time forward+backward (time_s is null)");
   if (!args.parse(argc, argv, 2)) return 0;
   config.seed = static_cast<uint64_t>(seed);
+  check_stack_size(config);
   config.timing = !skip_timing;
   if (budget >= 0) config.budget_bytes.push_back(budget);
   const std::string invalid = bench::validate(config);

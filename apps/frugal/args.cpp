@@ -1,12 +1,11 @@
 #include "args.h"
 
+#include "frugal/io/numbers.h"
 #include "frugal/io/units.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
@@ -15,38 +14,30 @@ namespace cli {
 
 Args::Args(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}
 
-void Args::add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value) {
-  flags_.push_back({name, help, "N", std::to_string(*target), true, [=](const std::string& text) {
-                      errno = 0;
-                      char* end = nullptr;
-                      const long long v = std::strtoll(text.c_str(), &end, 10);
-                      if (text.empty() || *end != '\0' || errno == ERANGE) {
-                        throw UsageError("--" + name + " takes an integer, got '" + text + "'");
+void Args::add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value, int64_t max_value,
+                   const std::string& metavar) {
+  // A default outside the range means "unset" (--stop-after's -1): the help shows none.
+  const bool has_default = *target >= min_value && *target <= max_value;
+  flags_.push_back({name, help, metavar, has_default ? std::to_string(*target) : "", io::int_range(min_value, max_value), true,
+                    [=](const std::string& text) {
+                      try {
+                        *target = io::parse_int(text, "--" + name, min_value, max_value);
+                      } catch (const std::invalid_argument& e) {
+                        throw UsageError(e.what());
                       }
-                      if (v < min_value) {
-                        throw UsageError("--" + name + " must be at least " + std::to_string(min_value) +
-                                         ", got " + text);
-                      }
-                      *target = v;
                     }});
 }
 
-void Args::add_double(const std::string& name, double* target, const std::string& help, double min_value) {
+void Args::add_double(const std::string& name, double* target, const std::string& help, double min_value, double max_value,
+                      const std::string& metavar) {
   std::ostringstream def;
   def << *target;
-  flags_.push_back({name, help, "X", def.str(), true, [=](const std::string& text) {
-                      errno = 0;
-                      char* end = nullptr;
-                      const double v = std::strtod(text.c_str(), &end);
-                      if (text.empty() || *end != '\0' || errno == ERANGE || v != v) {
-                        throw UsageError("--" + name + " takes a number, got '" + text + "'");
+  flags_.push_back({name, help, metavar, def.str(), io::double_range(min_value, max_value), true, [=](const std::string& text) {
+                      try {
+                        *target = io::parse_double(text, "--" + name, min_value, max_value);
+                      } catch (const std::invalid_argument& e) {
+                        throw UsageError(e.what());
                       }
-                      if (v < min_value) {
-                        std::ostringstream m;
-                        m << "--" << name << " must be at least " << min_value << ", got " << text;
-                        throw UsageError(m.str());
-                      }
-                      *target = v;
                     }});
 }
 
@@ -57,7 +48,7 @@ void Args::add_rest(std::vector<std::string>* target, const std::string& metavar
 
 void Args::add_string(const std::string& name, std::string* target, const std::string& help,
                       const std::string& metavar) {
-  flags_.push_back({name, help, metavar, *target, true, [=](const std::string& text) {
+  flags_.push_back({name, help, metavar, *target, "", true, [=](const std::string& text) {
                       if (text.empty()) throw UsageError("--" + name + " needs a non-empty value");
                       *target = text;
                     }});
@@ -73,20 +64,21 @@ void Args::add_output(const std::string& name, std::string* target, const std::s
   };
 }
 
-void Args::add_bytes(const std::string& name, int64_t* target, const std::string& help) {
-  flags_.push_back({name, help, "BYTES", *target >= 0 ? std::to_string(*target) : "", true,
+void Args::add_bytes(const std::string& name, int64_t* target, const std::string& help, int64_t min_value, int64_t max_value) {
+  const std::string range = io::bytes_range(min_value, max_value);
+  flags_.push_back({name, help, "BYTES", *target >= 0 ? std::to_string(*target) : "", range, true,
                     [=](const std::string& text) {
                       const auto bytes = io::parse_bytes(text);
-                      if (!bytes) {
-                        throw UsageError("--" + name + " takes a byte count such as 50000000, 64MiB or 1.5GiB, got '" +
-                                         text + "'");
+                      if (!bytes || *bytes < min_value || *bytes > max_value) {
+                        throw UsageError("--" + name + " must be " + range + ", such as 50000000, 64MiB or 1.5GiB, not " +
+                                         io::quote_text(text));
                       }
                       *target = *bytes;
                     }});
 }
 
 void Args::add_device(const std::string& name, c10::Device* target, const std::string& help) {
-  flags_.push_back({name, help, "DEVICE", target->str(), true, [=](const std::string& text) {
+  flags_.push_back({name, help, "DEVICE", target->str(), "", true, [=](const std::string& text) {
                       const bool ok = text == "cpu" || text == "cuda" ||
                                       (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() < 9 &&
                                        text.find_first_not_of("0123456789", 5) == std::string::npos);
@@ -96,11 +88,11 @@ void Args::add_device(const std::string& name, c10::Device* target, const std::s
 }
 
 void Args::add_flag(const std::string& name, bool* target, const std::string& help) {
-  flags_.push_back({name, help, "", "", false, [=](const std::string&) { *target = true; }});
+  flags_.push_back({name, help, "", "", "", false, [=](const std::string&) { *target = true; }});
 }
 
 void Args::add_positional(const std::string& name, std::string* target, const std::string& help) {
-  positionals_.push_back({name, help, name, "", true, [=](const std::string& text) { *target = text; }});
+  positionals_.push_back({name, help, name, "", "", true, [=](const std::string& text) { *target = text; }});
 }
 
 void Args::add_short(char letter, const std::string& name) {
@@ -194,7 +186,11 @@ std::string Args::help() const {
       if (name == f.name) out << alias << ", ";
     }
     out << "--" << f.name << (f.takes_value ? " " + f.metavar : "") << "\n      " << f.help;
-    if (f.takes_value && !f.default_text.empty()) out << " (default: " << f.default_text << ")";
+    if (f.takes_value && !f.range_text.empty()) {
+      out << " (" << f.range_text << (f.default_text.empty() ? "" : "; default: " + f.default_text) << ")";
+    } else if (f.takes_value && !f.default_text.empty()) {
+      out << " (default: " << f.default_text << ")";
+    }
     out << "\n";
   }
   out << "  --help\n      show this help\n";

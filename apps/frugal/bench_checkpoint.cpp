@@ -27,10 +27,11 @@ int bench_checkpoint(int argc, char** argv) {
             "Times forward+backward (median of --runs after warm-up) and measures the activation bytes kept\n"
             "for backward for each checkpointing policy, and prints both as ratios against no checkpointing.");
   add_stack_flags(args, config);
-  args.add_int("runs", &runs, "timed runs per policy", 1);
+  args.add_int("runs", &runs, "timed runs per policy", 1, kMaxRuns);
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   config.timing_runs = static_cast<int>(runs);
+  check_stack_size(config);
   config.budget_fractions = {0.25, 0.5, 0.75};
   config.optimizer_modes = false;
   const std::string invalid = bench::validate(config);

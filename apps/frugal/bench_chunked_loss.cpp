@@ -21,11 +21,11 @@ int bench_chunked_loss(int argc, char** argv) {
   Args args("bench chunked-loss",
             "Forward+backward of the loss over a final Linear (hidden -> vocabulary), plain and chunked: peak\n"
             "bytes above the inputs (allocation tracker), median time, and the largest relative gradient gap.");
-  args.add_int("tokens", &config.tokens, "tokens (rows of hidden states)", 1);
-  args.add_int("hidden", &config.hidden, "hidden size", 1);
-  args.add_int("vocab", &config.vocab, "vocabulary size", 2);
-  args.add_int("chunk", &config.chunk, "tokens per chunk", 1);
-  args.add_int("runs", &runs, "timed runs (after one warm-up)", 1);
+  args.add_int("tokens", &config.tokens, "tokens (rows of hidden states)", 1, int64_t{1} << 24);
+  args.add_int("hidden", &config.hidden, "hidden size", 1, int64_t{1} << 24);
+  args.add_int("vocab", &config.vocab, "vocabulary size", 2, (int64_t{1} << 31) - 1);
+  args.add_int("chunk", &config.chunk, "tokens per chunk", 1, int64_t{1} << 24);
+  args.add_int("runs", &runs, "timed runs (after one warm-up)", 1, kMaxRuns);
   args.add_device("device", &config.device, "where the tensors live");
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;

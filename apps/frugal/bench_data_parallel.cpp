@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/dist/group.h"
 #include "frugal/dist/launch.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json.h"
@@ -49,11 +50,12 @@ int bench_data_parallel(int argc, char** argv) {
             "machine's cores split between them, and reports tokens/s of each, the bytes on the wire per step\n"
             "against the minimum, and every rank's peak memory by category.");
   args.add_string("recipe", &recipe_path, "the recipe: a file or a shipped recipe's name", "RECIPE");
-  args.add_int("steps", &steps, "steps of the shorter run (the longer has twice as many)", 2);
-  args.add_int("nproc", &nproc, "ranks", 2);
+  args.add_int("steps", &steps, "steps of the shorter run (the longer has twice as many)", 2, kMaxSteps / 2);
+  args.add_int("nproc", &nproc, "ranks", 2, kMaxRanks);
   args.add_rest(&overrides, "section.key=value");
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
+  dist::master_port_variable();  // the runs' launcher reads it: refused before any work
   recipe_path = resolve_recipe(recipe_path);
   train::Recipe recipe;
   try {

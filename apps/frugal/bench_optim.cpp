@@ -24,11 +24,12 @@ int bench_optim_in_backward(int argc, char** argv) {
             "parameter difference at the end.");
   add_stack_flags(args, c);
   args.add_string("policy", &c.policy, "activation checkpointing: none, full, every_K, selective", "POLICY");
-  args.add_int("runs", &runs, "timed steps per mode", 1);
+  args.add_int("runs", &runs, "timed steps per mode", 1, kMaxRuns);
   std::string json_out = "-";
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
   c.timing_runs = static_cast<int>(runs);
+  check_stack_size(c);
   if (c.width % c.heads != 0) throw UsageError("--width must be divisible by --heads");
   try {
     checkpoint::CheckpointPolicy::parse(c.policy);

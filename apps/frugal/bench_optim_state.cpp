@@ -30,9 +30,9 @@ int bench_optim_state(int argc, char** argv) {
             "optimizer step over --params parameters (as 2048-wide matrices), against fp32. With --steps N, also trains\n"
             "the recipe N steps per precision, prints the loss curves side by side and compares the final loss with\n"
             "fp32's (the JSON carries every step's loss per precision, for plotting).");
-  args.add_int("params", &params, "parameters in the timed step", 4096);
-  args.add_int("runs", &runs, "timed steps per precision", 1);
-  args.add_int("steps", &steps, "training steps of the recipe per precision (0: skip)", 0);
+  args.add_int("params", &params, "parameters in the timed step", 4096, int64_t{1} << 40);
+  args.add_int("runs", &runs, "timed steps per precision", 1, kMaxRuns);
+  args.add_int("steps", &steps, "training steps of the recipe per precision (0: skip)", 0, kMaxSteps);
   args.add_string("recipe", &recipe_path, "the recipe for --steps: a file or a shipped recipe's name", "RECIPE");
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;

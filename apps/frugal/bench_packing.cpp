@@ -25,7 +25,7 @@ int bench_packing(int argc, char** argv) {
             "same model, and reports for each: tokens/s of the tokens that are not padding (after the first step), the share of\n"
             "padding over an epoch, steps an epoch, and the seconds an epoch takes at the measured speed.");
   args.add_string("recipe", &recipe_path, "an examples recipe: a file or a shipped recipe's name", "RECIPE");
-  args.add_int("steps", &steps, "steps of each run (0: one epoch each)", 0);
+  args.add_int("steps", &steps, "steps of each run (0: one epoch each)", 0, kMaxSteps);
   args.add_rest(&overrides, "section.key=value");
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;

@@ -32,11 +32,11 @@ int bench_train(int argc, char** argv) {
             "median step, peaks, achieved GFLOP/s against the matrix-product GFLOP/s of the same precision measured in the\n"
             "same run, and whether issue #16's targets are met.");
   args.add_string("recipe", &recipe_path, "the recipe: a file or a shipped recipe's name (tiny, default, ...)", "RECIPE");
-  args.add_int("steps", &steps, "steps per configuration (the first one is not timed)", 2);
+  args.add_int("steps", &steps, "steps per configuration (the first one is not timed)", 2, kMaxSteps);
   args.add_int("rounds", &rounds,
                "runs of each of the four corners, interleaved; each reports its fastest run (a shared machine's slow spells "
                "fall on single runs)",
-               1);
+               1, 100);
   args.add_rest(&overrides, "section.key=value");
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;

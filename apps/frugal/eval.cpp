@@ -136,8 +136,8 @@ int run_eval(int argc, char** argv) {
                   "with --examples: alpaca, plain, llama2, llama3, chatml, or auto (the format's own; for messages the checkpoint's chat_template)",
                   "NAME");
   args.add_flag("train-on-prompt", &train_on_prompt, "with --examples: score the prompts' tokens too");
-  args.add_int("seq-len", &seq_len, "window length in tokens (0: the model's max_seq_len, at most 2048)", 0);
-  args.add_int("batch-size", &batch_size, "windows per forward pass", 1);
+  args.add_int("seq-len", &seq_len, "window length in tokens (0: the model's max_seq_len, at most 2048)", 0, int64_t{1} << 24);
+  args.add_int("batch-size", &batch_size, "windows per forward pass", 1, int64_t{1} << 24);
   args.add_string("dtype", &dtype, "fp32 or bf16 (weights and compute; loss always in fp32)", "DTYPE");
   args.add_device("device", &device, "where the model runs");
   args.add_output("json-out", &json_out, "also write {loss, perplexity, tokens, windows, ...} as JSON");

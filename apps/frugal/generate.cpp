@@ -23,12 +23,13 @@ int run_generate(int argc, char** argv) {
   args.add_string("checkpoint", &dir, "a run folder (its latest checkpoint is used) or a checkpoint folder", "DIR");
   args.add_string("prompt", &prompt, "text to continue (encoded with the checkpoint's tokenizer, BOS first)", "TEXT");
   args.add_string("prompt-ids", &prompt_ids_text, "token ids to continue, as given (no BOS added): 1,2,3", "IDS");
-  args.add_int("max-new-tokens", &tokens, "how many tokens to generate at most", 0);
-  args.add_int("tokens", &tokens, "the same as --max-new-tokens", 0);
-  args.add_double("temperature", &temperature, "sampling temperature (0: greedy)", 0.0);
-  args.add_int("top-k", &top_k, "sample among the k likeliest tokens (0: all)", 0);
-  args.add_double("top-p", &top_p, "sample among the likeliest tokens whose probability adds up to P, in (0, 1]", 0.0);
-  args.add_int("seed", &seed, "random seed (the same seed, the same tokens)", 0);
+  args.add_int("max-new-tokens", &tokens, "how many tokens to generate at most", 0, int64_t{1} << 24);
+  args.add_int("tokens", &tokens, "the same as --max-new-tokens", 0, int64_t{1} << 24);
+  args.add_double("temperature", &temperature, "sampling temperature (0: greedy)", 0.0, 100.0);
+  args.add_int("top-k", &top_k, "sample among the k likeliest tokens (0: all)", 0, (int64_t{1} << 31) - 1);
+  args.add_double("top-p", &top_p, "sample among the likeliest tokens whose probability adds up to P (below 1e-6 all but the likeliest are dropped anyway)",
+                  1e-6, 1.0, "P");
+  args.add_int("seed", &seed, "random seed (the same seed, the same tokens)", 0, kMaxSeed);
   args.add_string("dtype", &dtype, "auto (the checkpoint's own, as transformers loads it), fp32 or bf16", "DTYPE");
   args.add_output("json-out", &json_out, "also write {prompt_ids, tokens, text, stop} as JSON");
   if (!args.parse(argc, argv, 2)) return 0;
@@ -40,6 +41,11 @@ int run_generate(int argc, char** argv) {
     options.validate();
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
+  }
+  std::vector<int32_t> prompt_ids;  // read before the checkpoint is loaded: a bad id is refused before any work
+  if (!prompt_ids_text.empty()) {
+    prompt_ids = parse_ids(prompt_ids_text, "--prompt-ids");
+    if (prompt_ids.empty()) throw UsageError("--prompt-ids holds no ids");
   }
   const at::TensorOptions weights = weights_dtype_option(dtype, /*allow_auto=*/true);
   const std::string step_dir = resolve_checkpoint_dir(dir);
@@ -54,10 +60,7 @@ int run_generate(int argc, char** argv) {
     throw UsageError(e.what());
   }
   models::Generation g;
-  std::vector<int32_t> prompt_ids;
   if (!prompt_ids_text.empty()) {
-    prompt_ids = parse_ids(prompt_ids_text, "--prompt-ids");
-    if (prompt_ids.empty()) throw UsageError("--prompt-ids holds no ids");
     if (tok && tok->eos_id() >= 0) eos.push_back(tok->eos_id());
     g = models::generate_ids(*model, prompt_ids, models::GenerationOptions(options).eos_ids(eos));
     if (tok) {

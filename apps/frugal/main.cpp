@@ -14,6 +14,7 @@
 #include "args.h"
 #include "commands.h"
 #include "frugal/bench/hardware.h"
+#include "frugal/dist/launch.h"
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/units.h"
@@ -112,6 +113,9 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   try {
+    // FRUGAL_NUM_THREADS is read deep in a run (the threads of bf16 products, a rank's share): a
+    // bad value is refused here, before any command does work.
+    dist::launcher_threads();
     if (command == "account") return cli::run_account(argc, argv);
     if (command == "bench") return cli::run_bench(argc, argv);
     if (command == "train") return cli::run_train(argc, argv);

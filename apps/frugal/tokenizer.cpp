@@ -46,7 +46,7 @@ int run_tokenizer(int argc, char** argv) {
     Args args("tokenizer train", "Train a SentencePiece tokenizer on a text file or folder.");
     args.add_positional("CORPUS", &corpus, "a text file or a folder of them");
     args.add_output("out", &out, "output prefix, not a folder: writes PREFIX.model and PREFIX.vocab (out/tok -> out/tok.model)", "PREFIX");
-    args.add_int("vocab-size", &vocab, "number of pieces (at least 300 with byte fallback)", 16);
+    args.add_int("vocab-size", &vocab, "number of pieces (at least 300 with byte fallback)", 16, int64_t{1} << 24);
     args.add_string("model-type", &model_type, "bpe or unigram", "TYPE");
     if (!args.parse(argc, argv, 3)) return 0;
     if (out.empty()) throw UsageError("--out is required");

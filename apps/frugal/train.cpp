@@ -19,6 +19,7 @@
 #include "frugal/dist/launch.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json.h"
+#include "frugal/io/numbers.h"
 #include "frugal/memory/cuda_stats.h"
 #include "frugal/io/units.h"
 #include "frugal/memory/process.h"
@@ -258,19 +259,20 @@ int run_train(int argc, char** argv) {
                   "write the allocation timeline (JSON, for frugal report); bound it on long runs with --trace-steps",
                   "FILE");
   args.add_bytes("memory-limit", &memory_limit,
-                 "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit");
+                 "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit", 1);
   args.add_int("stop-after", &stop_after,
                "stop after this many steps of train.steps, with a checkpoint (the schedule stays train.steps long); --resume continues",
-               1);
+               1, kMaxSteps);
   args.add_string("trace-steps", &trace_steps,
                   "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary",
                   "LIST");
   args.add_int("nproc", &nproc,
                "data parallel: start this many local ranks (processes), each training on train.batch_size / N rows of every "
                "batch with 1/N of the optimizer state; under torchrun (WORLD_SIZE set) leave it out",
-               1);
+               1, kMaxRanks);
   args.add_double("dist-timeout", &dist_timeout,
-                  "data parallel: seconds joining the ranks or one collective may take before the run stops with an error", 1);
+                  "data parallel: seconds joining the ranks or one collective may take before the run stops with an error", 1,
+                  kMaxTimeoutSeconds, "SECONDS");
   // RECIPE is optional with --list-keys
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--list-keys") {
@@ -282,8 +284,20 @@ int run_train(int argc, char** argv) {
     }
   }
   if (!args.parse(argc, argv, 2)) return 0;
+  std::vector<int64_t> capture;  // --trace-steps, refused before any work
+  if (!trace_steps.empty()) {
+    std::stringstream list(trace_steps + ",");  // "1," is an empty item, as ",1" is
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      const std::optional<int64_t> step = io::to_int(item);
+      if (!step || *step < 0 || *step > kMaxSteps) {
+        throw UsageError("--trace-steps takes step numbers (" + io::int_range(0, kMaxSteps) + " each) separated by commas, not " +
+                         io::quote_text(trace_steps));
+      }
+      capture.push_back(*step);
+    }
+  }
   if (progress != "auto" && progress != "bar" && progress != "lines") throw UsageError("--progress must be auto, bar or lines, got '" + progress + "'");
-  if (memory_limit == 0) throw UsageError("--memory-limit must be above 0 (leave it out for no limit)");
   train::Recipe recipe;
   try {
     recipe = train::load_recipe(resolve_recipe(recipe_arg), overrides);
@@ -370,17 +384,6 @@ int run_train(int argc, char** argv) {
   }
   const bool rank0 = !group || group->rank() == 0;
   warn_if_slow_blas();
-  std::vector<int64_t> capture;
-  if (!trace_steps.empty()) {
-    std::stringstream list(trace_steps);
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      char* end = nullptr;
-      const long long v = std::strtoll(item.c_str(), &end, 10);
-      if (item.empty() || *end || v < 0) throw UsageError("--trace-steps takes step numbers separated by commas, got '" + trace_steps + "'");
-      capture.push_back(v);
-    }
-  }
   const bool bar = rank0 && (progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO)));
   TrainProgress shown(rank0 ? "frugal train: " : "frugal train: rank " + std::to_string(group->rank()) + ": ", bar);
   train::TrainResult result;

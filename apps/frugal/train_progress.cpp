@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
+#include "frugal/io/numbers.h"
 #include "frugal/io/units.h"
 
 namespace frugal {
@@ -46,9 +48,10 @@ void TrainProgress::end_line() {
 int terminal_columns(int fd) {
   struct winsize ws {};
   if (::ioctl(fd, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  // As terminals do, a COLUMNS that is not a width is ignored (never half-read: "80x" is not 80).
   if (const char* c = std::getenv("COLUMNS")) {
-    const int n = std::atoi(c);
-    if (n > 0) return n;
+    const std::optional<int64_t> n = io::to_int(c);
+    if (n && *n >= 1 && *n <= 100000) return static_cast<int>(*n);
   }
   return 80;
 }

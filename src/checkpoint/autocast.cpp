@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "frugal/io/numbers.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -179,8 +181,9 @@ int usable_cores() {
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof(set), &set) == 0) n = std::max(1, CPU_COUNT(&set));
   if (const char* share = std::getenv("FRUGAL_NUM_THREADS"); share && *share) {
-    const long long s = std::atoll(share);
-    if (s >= 1 && s < n) n = static_cast<int>(s);
+    // The launcher's bound (dist/launch.h kMaxThreads); a bad value is refused, not ignored.
+    const int64_t s = io::parse_int(share, "the environment variable FRUGAL_NUM_THREADS", 1, 4096);
+    if (s < n) n = static_cast<int>(s);
   }
   return n;
 }

@@ -1,9 +1,16 @@
 #include "frugal/checkpoint/policy.h"
 
+#include <optional>
 #include <stdexcept>
+
+#include "frugal/io/numbers.h"
 
 namespace frugal {
 namespace checkpoint {
+
+namespace {
+constexpr int64_t kMaxEvery = (int64_t{1} << 31) - 1;  // allowed_names() states it
+}  // namespace
 
 CheckpointPolicy CheckpointPolicy::every(int64_t k) {
   if (k < 1) throw std::invalid_argument("every_k needs k >= 1, got " + std::to_string(k));
@@ -17,16 +24,13 @@ CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
   const std::string prefix = "every_";
   if (text.rfind(prefix, 0) == 0 && text.size() > prefix.size()) {
     const std::string digits = text.substr(prefix.size());
-    if (digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos) {
-      const int64_t k = std::stoll(digits);
-      if (k >= 1) return every(k);
-    }
+    const std::optional<int64_t> k = digits[0] == '-' ? std::nullopt : io::to_int(digits);
+    if (k && *k >= 1 && *k <= kMaxEvery) return every(*k);
   }
-  throw std::invalid_argument("unknown checkpointing policy '" + text +
-                              "' (allowed: none, full, every_K with K >= 1, selective)");
+  throw std::invalid_argument("unknown checkpointing policy " + io::quote_text(text) + " (allowed: " + allowed_names() + ")");
 }
 
-const char* CheckpointPolicy::allowed_names() { return "none, full, every_K (K >= 1), selective"; }
+const char* CheckpointPolicy::allowed_names() { return "none, full, every_K (K from 1 to 2147483647), selective"; }
 
 std::string CheckpointPolicy::name() const {
   switch (kind) {

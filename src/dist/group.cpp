@@ -6,9 +6,24 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
-#include <cerrno>
+#include "frugal/io/numbers.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 namespace frugal {
@@ -22,14 +37,7 @@ int64_t integer_variable(const char* name, int64_t lo, int64_t hi, std::optional
     if (fallback) return *fallback;
     throw std::invalid_argument(std::string("the environment variable ") + name + " must be set for a distributed run (WORLD_SIZE is set)");
   }
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi) {
-    throw std::invalid_argument(std::string("the environment variable ") + name + " is '" + text + "'; it must be an integer in [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return v;
+  return io::parse_int(text, std::string("the environment variable ") + name, lo, hi);
 }
 
 // The first line of an error, without LibTorch's "[file:line] " prefix or its backtrace.
@@ -44,6 +52,123 @@ std::string first_line(const std::exception& e) {
   return m;
 }
 
+// c10d and Gloo write to standard error on their own while a group is made: glog's "WARNING:
+// Logging before InitGoogleLogging()", "socket.cpp:426] [c10d] The server socket has failed to
+// bind ...", "socket.cpp:860] ... timed out", around the one sentence frugal says about the
+// failure. Their loggers differ between the LibTorch builds frugal supports (glog in Debian's
+// 1.13; c10's own logger in the 2.x wheels, whose level flag is another symbol, and glog's flags
+// are not exported by both), so the one place that holds for both is the file descriptor: while
+// this scope lives, fd 2 is an anonymous in-memory file; when it ends, fd 2 is put back and the
+// captured text is appended to it only when it is a regular file (a rank's log, as launch_local
+// makes for ranks 1..N-1), never to a terminal or a pipe. Nothing else of frugal's prints while
+// a group is being made.
+class LibraryTextToLog {
+ public:
+  LibraryTextToLog() {
+    std::fflush(stderr);
+    capture_ = ::memfd_create("frugal-dist-library-text", MFD_CLOEXEC);
+    if (capture_ < 0) return;  // the text then reaches stderr as before
+    saved_ = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    if (saved_ < 0 || ::dup2(capture_, STDERR_FILENO) < 0) {
+      if (saved_ >= 0) ::close(saved_);
+      ::close(capture_);
+      saved_ = capture_ = -1;
+    }
+  }
+  ~LibraryTextToLog() {
+    if (capture_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    struct stat st {};
+    if (::fstat(STDERR_FILENO, &st) == 0 && S_ISREG(st.st_mode) && ::lseek(capture_, 0, SEEK_SET) == 0) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(capture_, buf, sizeof(buf))) > 0) {
+        if (::write(STDERR_FILENO, buf, static_cast<size_t>(n)) != n) break;
+      }
+    }
+    ::close(capture_);
+  }
+  LibraryTextToLog(const LibraryTextToLog&) = delete;
+  LibraryTextToLog& operator=(const LibraryTextToLog&) = delete;
+
+ private:
+  int saved_ = -1, capture_ = -1;
+};
+
+// Shuts down every socket of this process whose peer is on `port` (the store's): a thread
+// blocked reading one returns at once.
+void shut_sockets_to(int64_t port) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return;
+  const int own = ::dirfd(dir);
+  while (const dirent* e = ::readdir(dir)) {
+    const std::optional<int64_t> fd = io::to_int(e->d_name);
+    if (!fd || *fd == own) continue;
+    struct stat st {};
+    if (::fstat(static_cast<int>(*fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (::getpeername(static_cast<int>(*fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    int64_t peer_port = -1;
+    if (peer.ss_family == AF_INET) peer_port = ntohs(reinterpret_cast<const sockaddr_in*>(&peer)->sin_port);
+    if (peer.ss_family == AF_INET6) peer_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_port);
+    if (peer_port == port) ::shutdown(static_cast<int>(*fd), SHUT_RDWR);
+  }
+  ::closedir(dir);
+}
+
+// c10d's TCPStore, made on a thread of its own and waited for at most `limit`. Its client bounds
+// the connection by the store's timeout but then waits for the store's first answer without a
+// deadline (LibTorch 1.13), so a listener that accepts and never answers (not a c10d store: a
+// wrong MASTER_PORT) held a rank forever. When the limit passes, the sockets to the store's port
+// are shut down, which ends that wait, and nullptr is returned: the caller reports the timeout.
+// The thread is joined, or (should it still not return) left to end with the process.
+c10::intrusive_ptr<c10d::Store> make_store_within(const std::string& addr, const c10d::TCPStoreOptions& options,
+                                                  std::chrono::milliseconds limit) {
+  struct Attempt {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    c10::intrusive_ptr<c10d::Store> store;
+    std::exception_ptr error;
+  };
+  auto attempt = std::make_shared<Attempt>();
+  std::thread worker([attempt, addr, options]() {
+    c10::intrusive_ptr<c10d::Store> store;
+    std::exception_ptr error;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(addr, options);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(attempt->m);
+    attempt->store = std::move(store);
+    attempt->error = error;
+    attempt->done = true;
+    attempt->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(attempt->m);
+  const bool in_time = attempt->cv.wait_for(lock, limit, [&] { return attempt->done; });
+  if (!in_time) {
+    lock.unlock();
+    shut_sockets_to(options.port);
+    lock.lock();
+    attempt->cv.wait_for(lock, std::chrono::seconds(5), [&] { return attempt->done; });
+  }
+  const bool done = attempt->done;
+  lock.unlock();
+  if (done) {
+    worker.join();
+  } else {
+    worker.detach();
+  }
+  if (!in_time) return c10::intrusive_ptr<c10d::Store>();
+  if (attempt->error) std::rethrow_exception(attempt->error);
+  return attempt->store;
+}
+
 bool is_loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1"; }
 
 }  // namespace
@@ -52,7 +177,7 @@ std::optional<Environment> environment_from_variables() {
   const char* ws = std::getenv("WORLD_SIZE");
   if (!ws || !*ws) return std::nullopt;
   Environment env;
-  env.world_size = integer_variable("WORLD_SIZE", 1, 4096, std::nullopt);
+  env.world_size = integer_variable("WORLD_SIZE", 1, kMaxWorldSize, std::nullopt);
   env.rank = integer_variable("RANK", 0, env.world_size - 1, std::nullopt);
   env.local_world_size = integer_variable("LOCAL_WORLD_SIZE", 1, env.world_size, env.world_size);
   env.local_rank = integer_variable("LOCAL_RANK", 0, env.local_world_size - 1, env.rank % env.local_world_size);
@@ -63,6 +188,12 @@ std::optional<Environment> environment_from_variables() {
   if (addr && *addr) env.master_addr = addr;
   env.master_port = integer_variable("MASTER_PORT", 1, 65535, env.world_size > 1 ? std::nullopt : std::optional<int64_t>(29500));
   return env;
+}
+
+std::optional<int64_t> master_port_variable() {
+  const char* text = std::getenv("MASTER_PORT");
+  if (!text || !*text) return std::nullopt;
+  return integer_variable("MASTER_PORT", 1, 65535, std::nullopt);
 }
 
 std::vector<std::pair<std::string, std::string>> environment_variables(const Environment& env) {
@@ -97,6 +228,14 @@ Group::~Group() = default;
 std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::milliseconds timeout, c10::Device device) {
   std::shared_ptr<Group> g(new Group(env, timeout));
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname && ::if_nametoindex(ifname) == 0) {
+    // Gloo would refuse it only after the rendezvous, with its assertion text ("ifa != nullptr").
+    throw std::invalid_argument("the environment variable GLOO_SOCKET_IFNAME names " + io::quote_text(ifname) +
+                                ", which is not a network interface here");
+  }
+  const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
+  LibraryTextToLog quiet;
   try {
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(env.master_port);
@@ -104,7 +243,9 @@ std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::millis
     o.numWorkers = static_cast<size_t>(env.world_size);
     o.waitWorkers = true;
     o.timeout = timeout;
-    g->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    // c10d's own timeout ends its waits first; the limit catches those it leaves unbounded.
+    const auto limit = timeout + std::chrono::milliseconds(std::max<int64_t>(2000, timeout.count() / 10));
+    g->impl_->store = make_store_within(env.master_addr, o, limit);
   } catch (const std::exception& e) {
     const std::string m = first_line(e);
     if (env.rank == 0 && (m.find("EADDRINUSE") != std::string::npos || m.find("ddress already in use") != std::string::npos)) {
@@ -113,15 +254,22 @@ std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::millis
     }
     if (env.rank == 0) {
       throw std::runtime_error("rank 0 could not host the rendezvous store on " + where + " or not every one of the " +
-                               std::to_string(env.world_size) + " ranks joined it within " + std::to_string(timeout.count() / 1000) +
-                               " s: " + m);
+                               std::to_string(env.world_size) + " ranks joined it within " + seconds + ": " + m);
     }
     throw std::runtime_error("rank " + std::to_string(env.rank) + " could not reach the rendezvous store at " + where + " within " +
-                             std::to_string(timeout.count() / 1000) + " s (is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?): " + m);
+                             seconds + " (is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?): " + m);
+  }
+  if (!g->impl_->store) {
+    if (env.rank == 0) {
+      throw std::runtime_error("rank 0 hosts the rendezvous store on " + where + " but not every one of the " +
+                               std::to_string(env.world_size) + " ranks joined it within " + seconds);
+    }
+    throw std::runtime_error("rank " + std::to_string(env.rank) + " connected to " + where + " but no rendezvous store answered there within " +
+                             seconds + ": what listens there is not rank 0's c10d store (are MASTER_ADDR and MASTER_PORT right?)");
   }
   try {
     auto options = c10d::ProcessGroupGloo::Options::create();
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    if (ifname && *ifname) {
       options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
     } else if (is_loopback(env.master_addr)) {
       options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));

@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
 
 #include "frugal/dist/group.h"
 #include "frugal/io/files.h"
+#include "frugal/io/numbers.h"
 
 namespace frugal {
 namespace dist {
@@ -36,11 +38,14 @@ std::string describe_status(int status) {
 
 }  // namespace
 
-void use_launcher_threads() {
+std::optional<int64_t> launcher_threads() {
   const char* text = std::getenv("FRUGAL_NUM_THREADS");
-  if (!text || !*text) return;
-  const long long n = std::atoll(text);
-  if (n >= 1 && n <= 4096) at::set_num_threads(static_cast<int>(n));
+  if (!text || !*text) return std::nullopt;
+  return io::parse_int(text, "the environment variable FRUGAL_NUM_THREADS", 1, kMaxThreads);
+}
+
+void use_launcher_threads() {
+  if (const auto n = launcher_threads()) at::set_num_threads(static_cast<int>(*n));
 }
 
 int64_t free_port() {
@@ -60,15 +65,21 @@ int64_t free_port() {
 }
 
 LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const std::string&)>& log) {
-  if (o.nproc < 1) throw std::invalid_argument("--nproc must be >= 1, got " + std::to_string(o.nproc));
+  if (o.nproc < 1 || o.nproc > kMaxWorldSize) {
+    throw std::invalid_argument("the number of ranks must be " + io::int_range(1, kMaxWorldSize) + ", not " + std::to_string(o.nproc));
+  }
+  if (o.threads_per_rank < 0 || o.threads_per_rank > kMaxThreads) {
+    throw std::invalid_argument("the threads per rank must be " + io::int_range(0, kMaxThreads) + ", not " +
+                                std::to_string(o.threads_per_rank));
+  }
   if (o.argv.empty()) throw std::invalid_argument("launch_local needs the command to run");
-  io::make_directories(o.log_dir);
   LaunchResult result;
   Environment env;
   env.world_size = env.local_world_size = o.nproc;
   if (const char* addr = std::getenv("MASTER_ADDR")) env.master_addr = addr;
-  const char* port = std::getenv("MASTER_PORT");
-  env.master_port = port && *port ? std::atoll(port) : free_port();
+  const std::optional<int64_t> port = master_port_variable();  // refused before anything is made
+  env.master_port = port ? *port : free_port();
+  io::make_directories(o.log_dir);
   result.port = env.master_port;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const int64_t threads = o.threads_per_rank > 0 ? o.threads_per_rank : std::max<int64_t>(1, cores / o.nproc);

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
 
 #include "frugal/checkpoint/checkpoint.h"
+#include "frugal/io/numbers.h"
 #include "frugal/memory/tracker.h"
 
 namespace frugal {
@@ -515,9 +517,9 @@ int64_t numel_of(at::IntArrayRef shape) {
 bool parse_range(const std::string& text, int64_t& begin, int64_t& end) {
   const size_t colon = text.find(':');
   auto number = [](const std::string& t, int64_t& v) {
-    if (t.empty() || t.size() > 18 || t.find_first_not_of("0123456789") != std::string::npos) return false;
-    v = std::stoll(t);
-    return true;
+    const std::optional<int64_t> n = t.empty() || t[0] == '-' ? std::nullopt : io::to_int(t);
+    if (n) v = *n;
+    return n.has_value();
   };
   return colon != std::string::npos && number(text.substr(0, colon), begin) && number(text.substr(colon + 1), end);
 }

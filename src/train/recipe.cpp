@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -21,7 +20,9 @@
 
 #include "frugal/checkpoint/autocast.h"
 #include "frugal/io/files.h"
+#include "frugal/io/numbers.h"
 #include "frugal/io/units.h"
+#include "frugal/models/activation_bytes.h"
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/estimate.h"
 #include "frugal/train/run_state.h"
@@ -37,15 +38,11 @@ struct Field {
   std::string type = "text";  // what --list-keys shows
 };
 
+// A recipe value refused here becomes "KEY must be <what this throws>, got 'VALUE'" (set_key).
 int64_t to_int(const std::string& v, int64_t min, int64_t max) {
-  errno = 0;
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end || errno == ERANGE) throw std::invalid_argument("an integer");
-  if (x < min || x > max) {
-    throw std::invalid_argument("an integer from " + std::to_string(min) + " to " + std::to_string(max));
-  }
-  return x;
+  const std::optional<int64_t> x = io::to_int(v);
+  if (!x || *x < min || *x > max) throw std::invalid_argument(io::int_range(min, max));
+  return *x;
 }
 
 // Upper bounds of the integer keys: far past any real job, and small enough that loops over them
@@ -55,14 +52,15 @@ constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // widths, heads, vocabular
 constexpr int64_t kMaxTokens = int64_t{1} << 24; // sequence lengths, batch, generated tokens, eval batches
 constexpr int64_t kMaxCount = int64_t{1} << 40;  // steps, intervals, chunk sizes
 constexpr int64_t kMaxSeed = std::numeric_limits<int64_t>::max();
+// Upper bounds of the real-valued keys: past any recipe that trains, and finite.
+constexpr double kMaxRopeTheta = 1e12;
+constexpr double kMaxRate = 100;           // learning rate, weight decay
+constexpr double kMaxGradNorm = 1e12;
 
-double to_double(const std::string& v, double min) {
-  errno = 0;
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end || errno == ERANGE || !std::isfinite(x)) throw std::invalid_argument("a number");
-  if (x < min) throw std::invalid_argument("a number >= " + std::to_string(min));
-  return x;
+double to_double(const std::string& v, double min, double max) {
+  const std::optional<double> x = io::to_double(v);
+  if (!x || *x < min || *x > max) throw std::invalid_argument(io::double_range(min, max));
+  return *x;
 }
 
 bool to_bool(const std::string& v) {
@@ -97,9 +95,9 @@ c10::Device to_device(const std::string& v) {
   if (v == "cuda") return c10::Device(c10::kCUDA);
   const std::string prefix = "cuda:";
   const std::string digits = v.rfind(prefix, 0) == 0 ? v.substr(prefix.size()) : "";
-  if (!digits.empty() && digits.size() <= 3 && digits.find_first_not_of("0123456789") == std::string::npos &&
-      std::stoi(digits) <= std::numeric_limits<c10::DeviceIndex>::max()) {
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoi(digits)));
+  const std::optional<int64_t> index = digits.empty() || digits[0] == '-' ? std::nullopt : io::to_int(digits);
+  if (index && *index <= std::numeric_limits<c10::DeviceIndex>::max()) {
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*index));
   }
   throw std::invalid_argument("cpu, cuda or cuda:N");
 }
@@ -127,9 +125,9 @@ std::string allowed_text(F parse) {
 #define INT_FIELD(key, expr, min, max) \
   {key, [](Recipe& r, const std::string& v) { expr = to_int(v, min, max); }, [](const Recipe& r) { return std::to_string(expr); }, \
    "integer " + std::to_string(min) + ".." + std::to_string(max)}
-#define DOUBLE_FIELD(key, expr, min) \
-  {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min); }, [](const Recipe& r) { return fmt(expr); }, \
-   "number >= " + fmt(min)}
+#define DOUBLE_FIELD(key, expr, min, max) \
+  {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min, max); }, [](const Recipe& r) { return fmt(expr); }, \
+   "number " + fmt(min) + ".." + fmt(max)}
 #define BOOL_FIELD(key, expr) \
   {key, [](Recipe& r, const std::string& v) { expr = to_bool(v); }, [](const Recipe& r) { return std::string(expr ? "true" : "false"); }, \
    "true or false"}
@@ -170,8 +168,8 @@ const std::vector<Field>& fields() {
       INT_FIELD("model.n_kv_heads", r.model.n_kv_heads, 1, kMaxDim),
       INT_FIELD("model.ffn_dim", r.model.ffn_dim, 1, kMaxDim),
       INT_FIELD("model.max_seq_len", r.model.max_seq_len, 1, kMaxTokens),
-      DOUBLE_FIELD("model.rope_theta", r.model.rope_theta, 1.0),
-      DOUBLE_FIELD("model.norm_eps", r.model.norm_eps, 0.0),
+      DOUBLE_FIELD("model.rope_theta", r.model.rope_theta, 1.0, kMaxRopeTheta),
+      DOUBLE_FIELD("model.norm_eps", r.model.norm_eps, 0.0, 1.0),
       BOOL_FIELD("model.tie_embeddings", r.model.tie_embeddings),
       ENUM_FIELD("model.attention", r.model.attention, models::parse_attention_kernel, models::attention_kernel_name,
                  models::kAllAttentionKernels),
@@ -202,7 +200,7 @@ const std::vector<Field>& fields() {
       STRING_FIELD("data.tokenizer", r.tokenizer),
       STRING_FIELD("data.tokens", r.tokens),
       BOOL_FIELD("data.train_tokenizer", r.train_tokenizer),
-      DOUBLE_FIELD("data.val_fraction", r.val_fraction, 0.0),
+      DOUBLE_FIELD("data.val_fraction", r.val_fraction, 0.0, 1.0),
       INT_FIELD("train.batch_size", r.batch_size, 1, kMaxTokens),
       INT_FIELD("train.gradient_accumulation_steps", r.optimizer.accumulation_steps(), 1, kMaxTokens),
       INT_FIELD("train.seq_len", r.seq_len, 1, kMaxTokens),
@@ -221,17 +219,17 @@ const std::vector<Field>& fields() {
       INT_FIELD("train.sample_tokens", r.sample_tokens, 0, kMaxTokens),
       ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name,
                  optim::kAllAlgorithms),
-      DOUBLE_FIELD("optimizer.lr", r.optimizer.lr(), 0.0),
-      DOUBLE_FIELD("optimizer.weight_decay", r.optimizer.weight_decay(), 0.0),
-      DOUBLE_FIELD("optimizer.beta1", r.optimizer.beta1(), 0.0),
-      DOUBLE_FIELD("optimizer.beta2", r.optimizer.beta2(), 0.0),
-      DOUBLE_FIELD("optimizer.eps", r.optimizer.eps(), 0.0),
-      DOUBLE_FIELD("optimizer.momentum", r.optimizer.momentum(), 0.0),
+      DOUBLE_FIELD("optimizer.lr", r.optimizer.lr(), 0.0, kMaxRate),
+      DOUBLE_FIELD("optimizer.weight_decay", r.optimizer.weight_decay(), 0.0, kMaxRate),
+      DOUBLE_FIELD("optimizer.beta1", r.optimizer.beta1(), 0.0, 1.0),
+      DOUBLE_FIELD("optimizer.beta2", r.optimizer.beta2(), 0.0, 1.0),
+      DOUBLE_FIELD("optimizer.eps", r.optimizer.eps(), 0.0, 1.0),
+      DOUBLE_FIELD("optimizer.momentum", r.optimizer.momentum(), 0.0, 1.0),
       {"optimizer.in_backward",
        [](Recipe& r, const std::string& v) { r.optimizer.mode(to_bool(v) ? optim::Mode::in_backward : optim::Mode::standard); },
        [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }, "true or false"},
       ENUM_FIELD("optimizer.clip", r.optimizer.clip(), optim::parse_clip, optim::clip_name, optim::kAllClips),
-      DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0),
+      DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0, kMaxGradNorm),
       ENUM_FIELD("optimizer.state_precision", r.optimizer.state().precision(), optim::parse_precision,
                  optim::precision_name, optim::kAllStatePrecisions),
       ENUM_FIELD("optimizer.state_placement", r.optimizer.state().placement(), optim::parse_placement,
@@ -241,7 +239,7 @@ const std::vector<Field>& fields() {
       ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name,
                  optim::kAllScheduleKinds),
       INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0, kMaxCount),
-      DOUBLE_FIELD("schedule.min_lr_ratio", r.schedule.min_lr_ratio(), 0.0),
+      DOUBLE_FIELD("schedule.min_lr_ratio", r.schedule.min_lr_ratio(), 0.0, 1.0),
       {"memory.checkpointing",
        [](Recipe& r, const std::string& v) {
          try {
@@ -254,7 +252,9 @@ const std::vector<Field>& fields() {
       {"memory.activation_budget",
        [](Recipe& r, const std::string& v) {
          const auto b = io::parse_bytes(v);
-         if (!b) throw std::invalid_argument("a byte count such as 0, 500000000 or 2GiB");
+         if (!b || *b > models::kMaxSizeBytes) {
+           throw std::invalid_argument(io::bytes_range(0, models::kMaxSizeBytes) + " such as 0, 500000000 or 2GiB");
+         }
          r.activation_budget = *b;
        },
        [](const Recipe& r) { return std::to_string(r.activation_budget); }, "bytes (500000000, 2GiB)"},

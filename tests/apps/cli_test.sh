@@ -32,10 +32,10 @@ expect 0 "--skip-timing" -- account --help
 expect 0 "checkpoint" -- bench --help
 expect 2 "unknown command 'frobnicate'" -- frobnicate
 expect 2 "unknown flag --bogus" -- account --bogus
-expect 2 "--layers must be at least 1, got 0" -- account --layers 0
-expect 2 "--batch must be at least 1, got -3" -- account --batch -3
+expect 2 "--layers must be an integer from 1 to 4096, not '0'" -- account --layers 0
+expect 2 "--batch must be an integer from 1 to 16777216, not '-3'" -- account --batch -3
 expect 2 "--width must be divisible by heads" -- account --width 130 --heads 4
-expect 2 "--heads takes an integer, got 'four'" -- account --heads four
+expect 2 "--heads must be an integer from 1 to 2147483647, not 'four'" -- account --heads four
 expect 2 "--seq needs a value" -- account --seq
 expect 2 "unknown benchmark 'nope'" -- bench nope
 expect 2 "--policy: unknown checkpointing policy 'most'" -- bench optim-in-backward --policy most
@@ -83,7 +83,7 @@ expect 2 "train.seq_len=16777216: too large" -- train tiny --dry-run model.max_s
 expect 2 "train.steps=3 (from the command line)" -- train tiny train.steps=3
 expect 2 "data.val_fraction=0 (from the command line): it must be above 0" -- train tiny data.val_fraction=0
 expect 2 "train.out_dir must be set" -- train tiny train.out_dir=
-expect 2 "--memory-limit must be above 0" -- train tiny --memory-limit 0
+expect 2 "--memory-limit must be a byte count from 1 to" -- train tiny --memory-limit 0
 expect 2 "train.device must be cpu, cuda or cuda:N, got 'cuda:abc'" -- train tiny train.device=cuda:abc
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   expect 2 "train.device cuda is not available" -- train tiny train.device=cuda
@@ -117,7 +117,7 @@ if [ "$got" = 2 ] && tail -n 1 "$tmp/err" | grep -q -- "--budget 100 (100 B) can
 else
   echo "FAIL: impossible budget exited $got"; cat "$tmp/err"; failed=$((failed + 1))
 fi
-expect 2 "--budget takes a byte count" -- account --budget lots
+expect 2 "--budget must be a byte count from 0 to" -- account --budget lots
 expect 0 "predicted peak" -- account --layers 4 --width 32 --heads 2 --batch 2 --seq 8 --skip-timing --budget 40KiB --json-out "$tmp/c.json"
 
 # A small real run: the JSON keys are exactly the documented ones.
@@ -156,7 +156,7 @@ then pass=$((pass + 1)); else echo "FAIL: account's attention kernels"; failed=$
 # ---- frugal train, generate, tokenizer ----
 expect 2 "is neither a file nor a shipped recipe" -- train nosuchrecipe
 expect 2 "unknown key 'train.stpes'" -- train tiny train.stpes=3
-expect 2 "train.steps must be an integer, got 'x'" -- train tiny train.steps=x
+expect 2 "train.steps must be an integer from 1 to 1099511627776, got 'x'" -- train tiny train.steps=x
 expect 2 "override 'oops' must look like section.key=value" -- train tiny oops
 expect 0 "estimated peak with the recipe's techniques" -- train llama2-7b --dry-run --json-out "$tmp/7b.json"
 if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["peak_bytes"] > 0 and sum(d["by_category"].values()) == d["peak_bytes"]' "$tmp/7b.json"; then
@@ -271,8 +271,9 @@ expect 2 "--checkpoint /nonexistent is not a folder" -- generate --checkpoint /n
 # generate: ids in and out, sampling options checked; eval: loss over windows, bad input exit 2.
 expect 0 "of 4 tokens" -- generate --checkpoint "$tmp/straight" --prompt-ids 1,5,9 --max-new-tokens 4 --top-p 0.9 --seed 2 --json-out "$tmp/gen.json"
 grep -q '"stop": "\(max_new_tokens\|eos\)"' "$tmp/gen.json" || { echo "FAIL: generate --json-out"; cat "$tmp/gen.json"; failed=$((failed + 1)); }
-expect 2 "temperature must be a finite number >= 0" -- generate --checkpoint "$tmp/straight" --prompt x --temperature inf
-expect 2 "top_p must be in (0, 1\]" -- generate --checkpoint "$tmp/straight" --prompt x --top-p 0
+expect 2 "--temperature must be a number from 0 to 100, not 'inf'" -- generate --checkpoint "$tmp/straight" --prompt x --temperature inf
+expect 2 "--top-p must be a number from 1e-06 to 1, not '0'" -- generate --checkpoint "$tmp/straight" --prompt x --top-p 0
+expect 0 "" -- generate --checkpoint "$tmp/straight" --prompt-ids 1,5,9 --max-new-tokens 4 --temperature 1e-100  # as greedy: no NaN probabilities
 expect 2 "--prompt and --prompt-ids exclude each other" -- generate --checkpoint "$tmp/straight" --prompt x --prompt-ids 1
 printf 'A fool and his money are soon parted.\n' >"$tmp/eval.txt"
 expect 0 "loss [0-9.]*  perplexity [0-9.]*  tokens [0-9]*" -- eval --checkpoint "$tmp/straight" --text "$tmp/eval.txt" --seq-len 8
@@ -446,7 +447,7 @@ expect 2 "config.json implies [0-9]* tensors (100000000 layers) but the weights 
 
 # Sizes this machine cannot hold: refused before the work where the need is known (exit 2), and an
 # allocation that fails midway is named in our words, not the allocator's (exit 1).
-expect 2 "--params 999999999999999 needs about .* more than this machine's" -- bench optim-state --params 999999999999999 --runs 1
+expect 2 "--params 1000000000000 needs about .* more than this machine's" -- bench optim-state --params 1000000000000 --runs 1
 expect 1 "frugal account: error: out of memory: allocating [0-9.]* GiB failed" -- account --layers 1 --width 4194304 --heads 2 --batch 1 --seq 1 --skip-timing
 if grep -q "alloc_cpu\|enforce fail" "$tmp/err"; then echo "FAIL: the allocator's own message reached the user"; failed=$((failed + 1)); fi
 

@@ -193,7 +193,7 @@ kill $busy 2>/dev/null
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 expect_error 1 "could not reach the rendezvous store at 127.0.0.1:$port within 3 s" 20 -- env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
   "$frugal" train tiny train.out_dir="$tmp/err" --progress lines --dist-timeout 3
-expect_error 2 "RANK is '5'; it must be an integer in \[0, 1\]" 10 -- env RANK=5 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234 \
+expect_error 2 "the environment variable RANK must be an integer from 0 to 1, not .5." 10 -- env RANK=5 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234 \
   "$frugal" train tiny train.out_dir="$tmp/err"
 expect_error 2 "MASTER_ADDR must be set" 10 -- env -u MASTER_ADDR RANK=0 WORLD_SIZE=2 MASTER_PORT=1234 "$frugal" train tiny train.out_dir="$tmp/err"
 expect_error 2 "train.batch_size 8 does not split evenly over 3 ranks" 10 -- "$frugal" train tiny train.out_dir="$tmp/err" --nproc 3

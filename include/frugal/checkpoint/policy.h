@@ -30,9 +30,9 @@ struct CheckpointPolicy {
   static CheckpointPolicy full() { return {PolicyKind::full, 1}; }
   static CheckpointPolicy every(int64_t k);
   static CheckpointPolicy selective() { return {PolicyKind::selective, 1}; }
-  // "none", "full", "every_K" (K >= 1), "selective"; throws std::invalid_argument naming the text.
+  // "none", "full", "every_K" (1 <= K < 2^31), "selective"; throws std::invalid_argument naming the text.
   static CheckpointPolicy parse(const std::string& text);
-  // What parse() accepts, for messages: "none, full, every_K (K >= 1), selective".
+  // What parse() accepts, for messages: "none, full, every_K (K from 1 to 2147483647), selective".
   static const char* allowed_names();
 
   std::string name() const;  // the text parse() accepts

@@ -40,10 +40,15 @@ struct Environment {
   int64_t master_port = 29500;
 };
 
+// The most ranks a job may have (WORLD_SIZE's bound, and a launcher's).
+constexpr int64_t kMaxWorldSize = 4096;
+
 // The job described by the process's environment: nullopt when WORLD_SIZE is unset. Throws
-// std::invalid_argument naming the variable when one is missing or malformed (RANK outside
-// [0, WORLD_SIZE), a port outside 1-65535, ...).
+// std::invalid_argument naming the variable and its range when one is missing or malformed
+// (RANK outside [0, WORLD_SIZE), a port outside 1-65535, text that is not a whole integer, ...).
 std::optional<Environment> environment_from_variables();
+// MASTER_PORT alone (a launcher picks a free one when it is unset or empty: nullopt); throws as above.
+std::optional<int64_t> master_port_variable();
 // The variables that describe `env` (for a launcher to set in a child).
 std::vector<std::pair<std::string, std::string>> environment_variables(const Environment& env);
 

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,14 +43,21 @@ struct LaunchResult {
   int64_t port = 0;         // MASTER_PORT the ranks used
 };
 
+// The most threads a rank may be given (FRUGAL_NUM_THREADS's bound).
+constexpr int64_t kMaxThreads = 4096;
+
+// FRUGAL_NUM_THREADS: nullopt when unset or empty; throws std::invalid_argument naming the
+// variable and its range (1 to kMaxThreads) when it is anything but a whole integer in it.
+std::optional<int64_t> launcher_threads();
 // In a child of launch_local: LibTorch's intra-op threads from FRUGAL_NUM_THREADS (nothing when unset).
 void use_launcher_threads();
 
 // A free TCP port on 127.0.0.1 (the kernel's choice), for MASTER_PORT.
 int64_t free_port();
 
-// Throws std::invalid_argument when nproc < 1 or the log folder cannot be made, std::runtime_error
-// when a child cannot be started. `log` gets a line when the ranks start and when one fails.
+// Throws std::invalid_argument when nproc is outside 1 to kMaxWorldSize (group.h) or MASTER_PORT
+// is set but not a port (both before anything is made), std::runtime_error when the log folder
+// cannot be made or a child cannot be started. MASTER_PORT unset or empty: a free port. `log` gets a line when the ranks start and when one fails.
 LaunchResult launch_local(const LaunchOptions& options, const std::function<void(const std::string&)>& log);
 
 }  // namespace dist
