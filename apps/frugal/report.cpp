@@ -59,7 +59,7 @@ int run_report(int argc, char** argv) {
   }
   std::ostream& log = html_out == "-" || viz_out == "-" ? std::cerr : std::cout;  // keep stdout for the file
   if (!viz_out.empty()) {
-    write_output(viz_out, memory::memory_viz_pickle(traces.front().trace.events));
+    write_output(viz_out, memory::memory_viz_pickle(traces.front().trace));
     log << "wrote " << viz_out << " from " << n_events << " events\n";
   }
   if (!html_out.empty()) {

@@ -261,7 +261,8 @@ int run_train(int argc, char** argv) {
   args.add_bytes("memory-limit", &memory_limit,
                  "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit", 1);
   args.add_int("stop-after", &stop_after,
-               "stop after this many steps of train.steps, with a checkpoint (the schedule stays train.steps long); --resume continues",
+               "stop at this step of train.steps (counted from step 0, also when resumed), with a checkpoint "
+               "(the schedule stays train.steps long); --resume continues",
                1, kMaxSteps);
   args.add_string("trace-steps", &trace_steps,
                   "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary",
@@ -409,8 +410,15 @@ int run_train(int argc, char** argv) {
     throw;
   }
   if (result.already_complete) {
-    std::cout << "run already complete: " << result.checkpoint << " is at step " << result.last_step << " (train.steps "
-              << result.total_steps << "); nothing to do\n";
+    if (result.last_step >= result.total_steps) {
+      std::cout << "run already complete: " << result.checkpoint << " is at step " << result.last_step << " (train.steps "
+                << result.total_steps << "); nothing to do\n";
+    } else {
+      // --stop-after counts from step 0: a run resumed at or past it has nothing to do, yet is not complete.
+      std::cout << "nothing to do: " << result.checkpoint << " is at step " << result.last_step << ", at or past --stop-after "
+                << stop_after << " (train.steps " << result.total_steps << "); --resume without --stop-after, or with one above "
+                << result.last_step << ", continues it\n";
+    }
     return 0;
   }
   if (!rank0) {

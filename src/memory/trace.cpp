@@ -11,7 +11,8 @@ namespace memory {
 namespace {
 
 constexpr const char* kFormat = "frugal-trace";
-constexpr int64_t kVersion = 3;  // 3: the evaluation and sampling phases
+constexpr int64_t kMaxTimeUs = int64_t{1} << 53;
+constexpr int64_t kVersion = 4;  // 3: the evaluation and sampling phases; 4: start_unix_us
 
 // ---- reading ----
 
@@ -55,7 +56,8 @@ MemoryEvent parse_event(const io::JsonValue& e) {
   if (ev.bytes < 0) throw std::invalid_argument("trace: negative size");
   // Times are since the tracker started; with none negative, every difference the replay and the
   // page take (end - start) fits in 63 bits.
-  if (ev.time_us < 0) throw std::invalid_argument("trace: negative time_us " + std::to_string(ev.time_us));
+  // 2^53 us is 285 years: more is a damaged file, and the memory-viewer snapshot adds start_unix_us to it.
+  if (ev.time_us < 0 || ev.time_us > kMaxTimeUs) throw std::invalid_argument("trace: time_us " + std::to_string(ev.time_us) + " is outside 0 to 2^53");
   return ev;
 }
 
@@ -83,7 +85,7 @@ Tracker::StepSummary parse_step(const io::JsonValue& s) {
 
 void write_trace(std::ostream& out, const Trace& trace) {
   io::JsonWriter w(out, 0);
-  w.begin_object().key("format").value(kFormat).key("version").value(kVersion);
+  w.begin_object().key("format").value(kFormat).key("version").value(kVersion).key("start_unix_us").value(trace.start_unix_us);
   w.key("categories").begin_array();
   for (Category c : kAllCategories) w.value(category_name(c));
   w.end_array().key("steps").begin_array();
@@ -153,6 +155,10 @@ Trace read_trace(const std::string& text) {
       }
     }
     root.at("events").items();  // JsonError when it is missing or not an array
+    if (const io::JsonValue* start = root.find("start_unix_us")) {
+      out.start_unix_us = start->as_int();
+      if (out.start_unix_us < 0 || out.start_unix_us > kMaxTimeUs) throw std::invalid_argument("trace: start_unix_us is out of range");
+    }
     // Older traces and hand-written ones have no step summaries; the events still make a timeline.
     if (const io::JsonValue* steps = root.find("steps")) {
       for (const io::JsonValue& s : steps->items()) out.steps.push_back(parse_step(s));

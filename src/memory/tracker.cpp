@@ -100,7 +100,10 @@ const char* action_name(Action a) {
 
 std::shared_ptr<Tracker> Tracker::create(bool keep_events) { return std::shared_ptr<Tracker>(new Tracker(keep_events)); }
 
-Tracker::Tracker(bool keep_events) : keep_events_(keep_events), t0_(std::chrono::steady_clock::now()) {}
+Tracker::Tracker(bool keep_events)
+    : keep_events_(keep_events),
+      t0_(std::chrono::steady_clock::now()),
+      start_unix_us_(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count()) {}
 
 int64_t Tracker::now_us() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_)
@@ -352,6 +355,7 @@ Trace Tracker::trace() const {
   t.events = events();
   t.steps = step_summaries();
   t.labels = labels();
+  t.start_unix_us = start_unix_us_;
   return t;
 }
 

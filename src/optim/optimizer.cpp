@@ -15,6 +15,7 @@
 
 #include "frugal/checkpoint/checkpoint.h"
 #include "frugal/io/numbers.h"
+#include "frugal/io/tensor_values.h"
 #include "frugal/memory/tracker.h"
 
 namespace frugal {
@@ -497,7 +498,36 @@ const char* const kStateFields[] = {"step",          "exp_avg",        "exp_avg_
 struct SourceEntry {
   std::string name;  // in the source
   at::IntArrayRef shape;
+  std::string field;  // which of kStateFields
 };
+
+// A loaded entry's values checked against what its field can hold, before anything is restored
+// from it: a moment of the wrong type (an integer tensor converts silently), a non-finite value or
+// a negative second moment would turn the next update of the parameter into NaN.
+void check_state_values(const SourceEntry& entry, const at::Tensor& t) {
+  const std::string& f = entry.field;
+  auto refuse = [&](const std::string& why) { throw std::invalid_argument("optimizer: state entry " + entry.name + " " + why); };
+  const at::ScalarType dtype = t.scalar_type();
+  const std::string type = c10::toString(dtype);
+  if (f == "step") {
+    if (!at::isIntegralType(dtype, /*includeBool=*/false)) refuse("is " + type + "; a step count must be an integer");
+    const int64_t step = t.reshape({-1})[0].item<int64_t>();
+    // A saved state has taken at least one step (state_dict leaves out parameters that have none).
+    if (step < 1 || step > (int64_t{1} << 53)) refuse("is " + std::to_string(step) + "; a step count must be from 1 to 2^53");
+    return;
+  }
+  if (f == "exp_avg.codes" || f == "exp_avg_sq.codes") {
+    if (dtype != at::kByte) refuse("is " + type + "; quantized codes must be U8");
+    return;
+  }
+  const bool scales = f == "exp_avg.absmax" || f == "exp_avg_sq.absmax";
+  if (scales && dtype != at::kFloat) refuse("is " + type + "; block scales must be F32");
+  if (!scales && !at::isFloatingType(dtype)) refuse("is " + type + "; a moment must be floating point, like its parameter");
+  if (!io::all_finite(t)) refuse("holds a value that is not finite (NaN or infinity)");
+  if ((scales || f == "exp_avg_sq") && io::any_negative(t)) {
+    refuse(std::string("holds a negative value; ") + (scales ? "block scales" : "a second moment") + " cannot be negative");
+  }
+}
 
 // The saved state of a parameter's flattened elements [begin, end): all of them (a name without
 // "@"), or the slice one rank of a data-parallel run kept ("<name>@<begin>:<end>").
@@ -571,7 +601,7 @@ void Optimizer::load_state(const StateDictSource& source) {
       slice.begin = begin;
       slice.end = end;
       slice.whole = whole;
-      if (!slice.fields.emplace(f, SourceEntry{key, shape}).second) repeated.push_back(key);
+      if (!slice.fields.emplace(f, SourceEntry{key, shape, f}).second) repeated.push_back(key);
       break;
     }
     if (!matched) unknown.push_back(key);
@@ -636,6 +666,7 @@ void Optimizer::load_state(const StateDictSource& source) {
       if (t.defined()) m << t.sizes(); else m << "no tensor";
       throw std::invalid_argument(m.str());
     }
+    check_state_values(entry, t);
     return t;
   };
   // One saved moment of a slice as fp32 values, decoded when it was saved as codes and scales.

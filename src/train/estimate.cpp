@@ -33,6 +33,11 @@ int64_t checked_mul(int64_t a, int64_t b, const char* what) {
 
 }  // namespace
 
+RecipeError unmet_activation_budget(int64_t budget, const std::vector<checkpoint::BlockCost>& costs) {
+  return RecipeError("memory.activation_budget " + std::to_string(budget) + " cannot be met: the smallest achievable activation peak is " +
+                     std::to_string(checkpoint::min_achievable_bytes(costs)) + " bytes");
+}
+
 Recipe without_techniques(const Recipe& recipe) {
   Recipe r = recipe;
   r.checkpointing = checkpoint::CheckpointPolicy::none();
@@ -74,7 +79,8 @@ BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& 
     } else {
       std::vector<checkpoint::BlockCost> costs(static_cast<size_t>(L), checkpoint::BlockCost{a.block_plain, a.block_input, 1.0});
       const auto plan = checkpoint::plan_for_budget(costs, r.activation_budget);
-      out.segments = plan ? plan->segments : checkpoint::sqrt_n_plan(costs).segments;
+      if (!plan) throw unmet_activation_budget(r.activation_budget, costs);
+      out.segments = plan->segments;
     }
     for (const auto& s : out.segments) {
       if (!s.checkpointed) continue;
@@ -204,6 +210,23 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     }
     later_grads = checked_add(later_grads, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
     completed = checked_add(completed, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
+  }
+  //  the embedding's backward, last of all: its weight's gradient (V, H) is made, and with tied
+  //  embeddings the head's pending gradient is summed with it -- into the head's where autograd sums
+  //  in place (the two live), else into a new tensor (the two and their sum live). In backward mode
+  //  the summed gradient is then used by its update and freed.
+  {
+    const int64_t embedding_grad = head_grad;  // (V, H), like the head's
+    const int64_t others = in_backward ? in_flight() : later_grads;  // later_grads holds a tied head's gradient, if any
+    Moment m{"backward of the embedding", packed_kept, 0, checked_add(others, tied && head_grad_is_gradient ? 0 : embedding_grad, "the gradients")};
+    if (tied) m.temporary = checked_add(pending_head_temporary, embedding_grad, "the temporaries");
+    if (in_backward && tied) m.gradient = checked_add(m.gradient, pending_head_gradient, "the gradients");
+    moments.push_back(m);
+    if (in_backward) {
+      moments.push_back({"update of the embedding in backward", packed_kept,
+                         optim::update_temporary_bytes(c.vocab_size * c.dim, r.dtype, r.device, r.optimizer),
+                         checked_add(embedding_grad, in_flight(), "the gradients")});
+    }
   }
   const int64_t largest = *std::max_element(numels.begin(), numels.end());
   // the optimizer step after a standard backward: every gradient and the largest update's temporaries.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -22,6 +23,7 @@
 #include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/safetensors.h"
+#include "frugal/io/tensor_values.h"
 #include "frugal/models/hf_checkpoint.h"
 
 namespace frugal {
@@ -78,9 +80,26 @@ void rng_state_from_hex(const std::string& hex) {
   gen.set_state(state);
 }
 
+namespace {
+
+// A step that left a parameter NaN or infinite must not become `latest`: a resume would continue
+// from it and every later step would be lost too. Every rank checks (the parameters are the same on
+// each), so all stop together before the first collective of the save.
+void check_parameters_finite(models::DecoderImpl& model, int64_t step) {
+  for (const auto& p : model.named_parameters()) {
+    if (!io::all_finite(p.value())) {
+      throw std::runtime_error("step " + std::to_string(step) + " made parameter '" + p.key() +
+                               "' not finite (NaN or infinity); its checkpoint was not saved, so the last one saved stays latest");
+    }
+  }
+}
+
+}  // namespace
+
 std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model,
                            const optim::Optimizer& optimizer, const std::string& recipe_yaml,
                            const std::string& tokenizer_path, int64_t keep, dist::Group* group) {
+  check_parameters_finite(model, state.step);
   const bool sharded = group && group->size() > 1;
   const bool rank0 = !group || group->rank() == 0;
   const std::string name = step_name(state.step);
@@ -247,6 +266,7 @@ RunState read_trainer_state(const std::string& checkpoint_dir, int64_t max_step)
   const io::JsonValue& loss = field("last_loss");
   if (!loss.is_null() && !loss.is_number()) throw bad("last_loss", "must be a number");
   s.last_loss = loss.is_null() ? 0.0 : loss.as_double();
+  if (!std::isfinite(s.last_loss)) throw bad("last_loss", "is not a finite number");
   const io::JsonValue& rng = field("rng_cpu");
   if (!rng.is_string()) throw bad("rng_cpu", "must be a string");
   s.rng_state_hex = rng.as_string();

@@ -459,11 +459,7 @@ class Trainer {
     same_for_all(&checkpoint::BlockCost::forward_s);
     same_for_all(&checkpoint::BlockCost::tail_s);
     const auto plan = checkpoint::plan_for_budget(costs, r_.activation_budget);
-    if (!plan) {
-      throw RecipeError("memory.activation_budget " + std::to_string(r_.activation_budget) +
-                        " cannot be met: the smallest achievable activation peak is " +
-                        std::to_string(checkpoint::min_achievable_bytes(costs)) + " bytes");
-    }
+    if (!plan) throw unmet_activation_budget(r_.activation_budget, costs);
     model_->set_plan(*plan);
     result_.recomputed_blocks = plan->checkpointed_blocks();
     // The estimate of the plan chosen (the measured blocks may order their times differently from

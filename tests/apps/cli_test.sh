@@ -80,6 +80,8 @@ expect 2 "laughs.yaml: expands to more than" -- train "$tmp/laughs.yaml"
 expect 2 "model.vocab_size must be an integer from 0 to 2147483647" -- train tiny --dry-run model.vocab_size=9223372036854775807
 expect 2 "model.vocab_size=2147483647, model.dim=33554432: too large" -- train tiny --dry-run model.vocab_size=2147483647 model.dim=33554432 model.n_heads=2 model.n_kv_heads=1
 expect 2 "train.seq_len=16777216: too large" -- train tiny --dry-run model.max_seq_len=16777216 train.seq_len=16777216
+# A budget no plan meets: the dry run refuses it as the run would, rather than estimate a fallback plan.
+expect 2 "memory.activation_budget 1 cannot be met: the smallest achievable activation peak is" -- train tiny --dry-run model.vocab_size=512 memory.activation_budget=1
 expect 2 "train.steps=3 (from the command line)" -- train tiny train.steps=3
 expect 2 "data.val_fraction=0 (from the command line): it must be above 0" -- train tiny data.val_fraction=0
 expect 2 "train.out_dir must be set" -- train tiny train.out_dir=
@@ -231,8 +233,10 @@ else
 fi
 
 # --stop-after: a run stopped on purpose halfway and resumed gives the uninterrupted run's losses.
-"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --stop-after 150 >"$tmp/half1.log" 2>&1 &&
-  "$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --resume >"$tmp/half2.log" 2>&1 || { echo "FAIL: --stop-after run"; cat "$tmp/half1.log" "$tmp/half2.log"; failed=$((failed + 1)); }
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --stop-after 150 >"$tmp/half1.log" 2>&1 || { echo "FAIL: --stop-after run"; cat "$tmp/half1.log"; failed=$((failed + 1)); }
+# Resumed at 150 with --stop-after 100: nothing to do, and not "complete" (300 steps are asked for).
+expect 0 "nothing to do: .*halves/step-00000150 is at step 150, at or past --stop-after 100 (train.steps 300)" -- train tiny "${common[@]}" train.out_dir="$tmp/halves" --resume --stop-after 100
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --resume >"$tmp/half2.log" 2>&1 || { echo "FAIL: --stop-after run resumed"; cat "$tmp/half2.log"; failed=$((failed + 1)); }
 if grep -q "to step 150:" "$tmp/half1.log" && grep -q "resumed from .*step-00000150" "$tmp/half2.log" &&
    cmp -s <(grep '"loss"' "$tmp/straight/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//') \
           <(grep '"loss"' "$tmp/halves/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//'); then
@@ -391,6 +395,13 @@ damaged absurd-step "$st"'d["step"] = 10**12'"$put" "'step' is 1000000000000"
 damaged renamed-step "$st"'d["step"] = 295'"$put" "'step' is 295 but the folder is step-00000300"
 damaged short-rng "$st"'d["rng_cpu"] = d["rng_cpu"][:100]'"$put" "'rng_cpu' has 100 hex digits"
 damaged bad-schedule "$st"'d["schedule_step"] = 301'"$put" "'schedule_step' is 301"
+# The optimizer's state: a moment relabelled as integers, a NaN in a moment, a negative step (each
+# would turn the next update into NaN or garbage, then be committed as latest).
+# The python below edits the first entry whose name ends with the suffix given first.
+ost() { printf '%s' 'import json, struct, sys, math; p = sys.argv[1] + "/optimizer.safetensors"; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); name = sorted(k for k in h if k.endswith("'"$1"'"))[0]; at = 8 + n + h[name]["data_offsets"][0]; '"$2"'; open(p, "wb").write(b)'; }
+damaged relabelled-moment "$(ost .exp_avg 'h[name]["dtype"] = "I32"; j = json.dumps(h, separators=(",", ":")).encode(); assert len(j) <= n; j += b" " * (n - len(j)); b[8:8 + n] = j')" "exp_avg is Int; a moment must be floating point"
+damaged nan-moment "$(ost .exp_avg_sq 'b[at:at + 4] = struct.pack("<f", math.nan)')" "exp_avg_sq holds a value that is not finite"
+damaged negative-step-count "$(ost .step 'b[at:at + 8] = struct.pack("<q", -3)')" "step is -3; a step count must be from 1 to 2^53"
 damaged empty-optimizer 'import sys, struct; h = b"{}      "; open(sys.argv[1] + "/optimizer.safetensors", "wb").write(struct.pack("<Q", len(h)) + h)' \
   "optimizer.safetensors holds no optimizer state"
 
@@ -500,18 +511,48 @@ used = {op.name for op, _, _ in pickletools.genops(raw)}
 assert used <= allowed, used - allowed
 snap = pickle.loads(raw)
 assert set(snap) == {"segments", "device_traces"}
+assert len(snap["device_traces"]) == 1, "a CPU-only trace is one device"
 trace = snap["device_traces"][0]
-assert trace and all({"action", "addr", "size", "stream", "time_us", "category"} <= set(e) for e in trace)
-assert any(e["category"] == "unknown" for e in trace)
+assert trace and all({"action", "addr", "size", "stream", "time_us", "category", "frames"} <= set(e) for e in trace)
 assert {e["category"] for e in trace} >= {"parameter", "activation", "gradient", "optimizer_state"}
+# Microseconds since the epoch (the viewer prints dates): after 2020, before 2100.
+assert all(1.58e15 < e["time_us"] < 4.1e15 for e in trace), trace[0]["time_us"]
+# One frame naming frugal's category, phase and step.
+for e in trace:
+    (f,) = e["frames"]
+    assert f["filename"] == "frugal" and f["name"].startswith("category=" + e["category"] + " phase=") and "step=" in f["name"], f
 live = {}
 for e in trace:
     if e["action"] == "alloc": live[e["addr"]] = e["size"]
     if e["action"] == "free_completed": del live[e["addr"]]
 blocks = {b["address"]: b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
 assert blocks == live, "segments disagree with the trace"
+# Every block of the trace lies in a segment (else the viewer says "pool_id unknown"), and the blocks tile each segment.
+segs = snap["segments"]
+assert segs
+for e in trace:
+    assert any(s["address"] <= e["addr"] and e["addr"] + e["size"] <= s["address"] + s["total_size"] for s in segs), e
+for s in segs:
+    assert sum(b["size"] for b in s["blocks"]) == s["total_size"], s["address"]
 PY
 then pass=$((pass + 1)); else echo "FAIL: memory-viz snapshot"; failed=$((failed + 1)); fi
+# A trace with CPU and cuda:0 memory: one device trace each, as torch numbers them (cuda:0 at 0, the CPU after).
+cat > "$tmp/two_devices.json" <<'JSON'
+{"format": "frugal-trace", "version": 4, "start_unix_us": 1700000000000000, "events": [
+{"time_us": 1, "action": "alloc", "bytes": 64, "category": "parameter", "phase": "idle", "device": "cpu", "step": -1, "addr": 4096},
+{"time_us": 2, "action": "alloc", "bytes": 32, "category": "activation", "phase": "forward", "device": "cuda:0", "step": 0, "addr": 4096},
+{"time_us": 3, "action": "free", "bytes": 32, "category": "activation", "phase": "backward", "device": "cuda:0", "step": 0, "addr": 4096}]}
+JSON
+expect 0 "wrote" -- report "$tmp/two_devices.json" --memory-viz "$tmp/two_devices.pickle"
+if python3 - "$tmp/two_devices.pickle" <<'PY'
+import pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+cuda, cpu = snap["device_traces"]
+assert [e["action"] for e in cuda] == ["alloc", "free_requested", "free_completed"] and cuda[0]["size"] == 32
+assert [e["action"] for e in cpu] == ["alloc"] and cpu[0]["size"] == 64 and cpu[0]["time_us"] == 1700000000000001
+assert sorted((s["device"], s["total_size"]) for s in snap["segments"]) == [(0, 32), (1, 64)]
+PY
+then pass=$((pass + 1)); else echo "FAIL: memory-viz snapshot of two devices"; failed=$((failed + 1)); fi
 expect 2 "nothing to write" -- report "$tmp/trace.json"
 expect 0 "events" -- train tiny "${common[@]}" train.steps=8 train.out_dir="$tmp/traced" --trace-out "$tmp/train_trace.json" --trace-steps 2,3
 if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d["steps"]) == 8 and {e["step"] for e in d["events"] if e["action"] == "alloc"} <= {2, 3}' "$tmp/train_trace.json"; then

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <limits>
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/memory/tracker.h"
@@ -461,6 +462,60 @@ std::vector<std::string> names_of(torch::nn::Module& m) {
 }
 
 }  // namespace
+
+// Damaged values are refused by entry name before anything is restored: a moment of an integer type
+// (it would convert silently), a non-finite value, a negative second moment or scale, a step that is
+// not a positive integer, codes of another type. Nothing of the state is left half-restored.
+TEST(OptimizerState, LoadStateRefusesDamagedValues) {
+  const auto xs = data(4);
+  Mlp trained(6);
+  Optimizer o_trained(trained.named_parameters(), adamw(StatePrecision::int8));
+  train(trained, o_trained, xs);
+  TensorDict saved;
+  for (const auto& [k, v] : o_trained.state_dict()) saved[k] = v.clone();
+  ASSERT_TRUE(saved.count("a.bias.exp_avg") && saved.count("a.weight.exp_avg.codes"));  // dense (small) and 8-bit
+
+  auto refused = [&](const std::string& key, const at::Tensor& value, const std::string& expected) {
+    SCOPED_TRACE(key + ": " + expected);
+    TensorDict dict = saved;
+    dict[key] = value;
+    Mlp m(6);
+    Optimizer o(m.named_parameters(), adamw(StatePrecision::int8));
+    try {
+      o.load_state_dict(dict);
+      ADD_FAILURE() << "loaded";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("state entry " + key + " " + expected), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(o.state_dict().empty()) << "a refused state must leave none restored";
+  };
+  const at::Tensor m1 = saved.at("a.bias.exp_avg");
+  refused("a.bias.exp_avg", m1.to(at::kInt), "is Int; a moment must be floating point");
+  at::Tensor nan = m1.clone();
+  nan[7] = std::numeric_limits<float>::quiet_NaN();
+  refused("a.bias.exp_avg", nan, "holds a value that is not finite");
+  at::Tensor inf = saved.at("a.bias.exp_avg_sq").clone();
+  inf[0] = std::numeric_limits<float>::infinity();
+  refused("a.bias.exp_avg_sq", inf, "holds a value that is not finite");
+  refused("a.bias.exp_avg_sq", saved.at("a.bias.exp_avg_sq") - 1.0, "holds a negative value; a second moment cannot be negative");
+  refused("a.bias.step", at::scalar_tensor(-3, at::kLong), "is -3; a step count must be from 1 to 2^53");
+  refused("a.bias.step", at::scalar_tensor(0, at::kLong), "is 0; a step count must be from 1 to 2^53");
+  refused("a.bias.step", at::scalar_tensor(2.5, at::kFloat), "is Float; a step count must be an integer");
+  refused("a.weight.exp_avg.codes", saved.at("a.weight.exp_avg.codes").to(at::kInt), "is Int; quantized codes must be U8");
+  at::Tensor scales = saved.at("a.weight.exp_avg.absmax").clone();
+  scales[0] = std::numeric_limits<float>::quiet_NaN();
+  refused("a.weight.exp_avg.absmax", scales, "holds a value that is not finite");
+  refused("a.weight.exp_avg_sq.absmax", -saved.at("a.weight.exp_avg_sq.absmax") - 1.0, "holds a negative value; block scales cannot be negative");
+  refused("a.weight.exp_avg.absmax", saved.at("a.weight.exp_avg.absmax").to(at::kDouble), "is Double; block scales must be F32");
+
+  // The undamaged state loads (a bf16 moment is a moment too: precisions convert on load).
+  TensorDict ok = saved;
+  ok["a.bias.exp_avg"] = m1.to(at::kBFloat16);
+  Mlp m(6);
+  Optimizer o(m.named_parameters(), adamw(StatePrecision::int8));
+  o.load_state_dict(ok);
+  EXPECT_FALSE(o.state_dict().empty());
+}
 
 TEST(OptimizerState, LoadStateChecksEverythingFirstThenLoadsOneParameterAtATime) {
   const auto xs = data(4);

@@ -3,16 +3,19 @@
 // restoring it needs the final state plus one parameter's saved entries, not the whole file.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/safetensors.h"
 #include "frugal/memory/tracker.h"
+#include "frugal/models/decoder.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/train/run_state.h"
 
@@ -261,6 +264,53 @@ TEST(RunState, AnOptimizerFileWithoutStateIsRefusedAfterStepZero) {
     EXPECT_NE(what.find("w2.step"), std::string::npos) << what;
     EXPECT_EQ(what.find("Tensor with 0 elements"), std::string::npos) << what;
   }
+}
+
+// A step that left a parameter NaN or infinite is never committed: the save stops before writing
+// anything, names the parameter, and `latest` still names the last good checkpoint.
+TEST(RunState, AParameterThatIsNotFiniteIsNeverCommitted) {
+  models::DecoderConfig c;
+  c.vocab_size = 64;
+  c.dim = 32;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 64;
+  c.max_seq_len = 16;
+  auto model = models::make_decoder(c);
+  Optimizer opt(model->named_parameters(), OptimizerOptions().algorithm(Algorithm::adamw));
+  const std::string out = temp_path("nonfinite");
+  io::remove_tree(out);
+  train::RunState s;
+  s.step = 1;
+  s.rng_state_hex = train::rng_state_to_hex();
+  train::save_run_state(out, s, *model, opt, "name: t\n", "", 2);
+  auto params = model->named_parameters();
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    const auto& victim = params[params.size() / 2];
+    {
+      at::NoGradGuard no_grad;
+      victim.value().view({-1})[3] = bad;
+    }
+    s.step = 2;
+    try {
+      train::save_run_state(out, s, *model, opt, "name: t\n", "", 2);
+      ADD_FAILURE() << "a parameter holding " << bad << " was committed";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("step 2 made parameter '" + victim.key() + "' not finite"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(train::latest_checkpoint(out), out + "/step-00000001");
+    std::vector<std::string> names;
+    if (DIR* dir = ::opendir(out.c_str())) {
+      while (dirent* e = ::readdir(dir)) names.push_back(e->d_name);
+      ::closedir(dir);
+    }
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{".", "..", "latest", "step-00000001"}));
+    at::NoGradGuard no_grad;
+    victim.value().view({-1})[3] = 0.0f;
+  }
+  io::remove_tree(out);
 }
 
 TEST(RunState, StaleTemporaryCheckpointFoldersOfDeadProcessesAreRemoved) {

@@ -197,6 +197,27 @@ TEST(Trainer, EstimateMatchesTheMeasuredPeakByCategory) {
   }
 }
 
+// Every candidate moment of a step is estimated closely enough that the one the estimate names is
+// the one the run reaches: over a grid of loss chunk sizes (one chunk of all 256 tokens down to 16),
+// both optimizer modes, tied and untied embeddings, at a vocabulary of 4096 so that the head's and
+// the embedding's (V, H) tensors weigh as much as a block (each category within 15% there).
+TEST(Trainer, EstimateNamesTheRunsMomentForEveryLossChunk) {
+  const std::string base = ::testing::TempDir() + "/frugal_train";
+  for (const char* chunk : {"16", "32", "64", "128", "256"}) {
+    for (const char* mode : {"true", "false"}) {
+      for (const char* tied : {"true", "false"}) {
+        std::vector<std::string> o = {"data.tokenizer=" + base + "/tok4096.model", "data.tokens=" + base + "/f4096-tiny.tokens",
+                                      "model.vocab_size=0", "memory.checkpointing=full", "memory.chunked_loss=true",
+                                      std::string("memory.loss_chunk=") + chunk, std::string("optimizer.in_backward=") + mode,
+                                      std::string("model.tie_embeddings=") + tied, "optimizer.state_precision=int8"};
+        std::string label;
+        for (const auto& s : o) label += s.rfind("data.", 0) == 0 ? "" : s + " ";
+        expect_estimate_matches(tiny("estimate-chunks", short_run(o)), label);
+      }
+    }
+  }
+}
+
 // Mixed precision (bf16 products over fp32 parameters): the estimate counts the tensors the
 // products read and make, and the weights' copies they keep, at two bytes, the residual stream at four.
 TEST(Trainer, AutocastEstimateMatchesTheMeasuredPeakByCategory) {

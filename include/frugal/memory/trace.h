@@ -25,9 +25,10 @@ struct Trace {
   std::vector<MemoryEvent> events;
   std::vector<Tracker::StepSummary> steps;  // empty when the trace has none (or no "steps" key)
   std::vector<Tracker::Label> labels;       // Tracker::label's names, in time order
+  int64_t start_unix_us = 0;                // wall clock at time_us 0, microseconds since the Unix epoch (0: unknown)
 };
 
-// {"format": "frugal-trace", "version": 3, "categories": [...],
+// {"format": "frugal-trace", "version": 4, "start_unix_us": N, "categories": [...],
 //  "steps": [{step, peak_bytes, time_us, phase, breakdown: {category: bytes}}...],
 //  "labels": [{time_us, text}...] (only when there are labels),
 //  "events": [{time_us, action, bytes, category, phase, device, step, addr}...]}, one record a line.

@@ -168,6 +168,7 @@ class Tracker {
 
   mutable std::mutex mutex_;
   std::chrono::steady_clock::time_point t0_;
+  int64_t start_unix_us_ = 0;  // the wall clock at t0_
   std::vector<MemoryEvent> events_;
   std::vector<Label> labels_;
   std::unordered_map<void*, Allocation> live_;

@@ -44,6 +44,11 @@ struct DataParallel {
 MemoryEstimate estimate_training_memory(const Recipe& recipe, int64_t vocab_size, const DataParallel& dp = {},
                                         const std::vector<checkpoint::Segment>* plan = nullptr);
 
+// The refusal of a memory.activation_budget no plan meets: the trainer's on its measured blocks and
+// the estimate's (a dry run) on the formula's, in one sentence, so a dry run refuses what the run
+// would rather than estimate a plan the run cannot make.
+RecipeError unmet_activation_budget(int64_t budget, const std::vector<checkpoint::BlockCost>& costs);
+
 // The same job with every memory technique off: no checkpointing, plain loss, optimizer after
 // backward, fp32 optimizer state on the device.
 Recipe without_techniques(const Recipe& recipe);

@@ -1,0 +1,19 @@
+// frugal/io/tensor_values.h — checks over the values of a tensor read from (or about to be written
+// to) a file, in pieces, so a check of a large tensor holds no full-size temporary.
+//
+//   if (!frugal::io::all_finite(weight)) throw ...;   // NaN or infinity somewhere
+//   if (frugal::io::any_negative(exp_avg_sq)) throw ...;
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace frugal {
+namespace io {
+
+// True when every value is finite (integer tensors always are).
+bool all_finite(const at::Tensor& t);
+// True when some value is below zero.
+bool any_negative(const at::Tensor& t);
+
+}  // namespace io
+}  // namespace frugal
