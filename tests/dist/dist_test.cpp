@@ -128,10 +128,10 @@ TEST(DataParallel, EnvironmentFollowsTorchrunsContract) {
     }
   };
   refused({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}, "RANK must be set");
-  refused({{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}, "RANK is '2'");
-  refused({{"WORLD_SIZE", "two"}, {"RANK", "0"}}, "WORLD_SIZE is 'two'");
+  refused({{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}, "RANK must be an integer from 0 to 1, not '2'");
+  refused({{"WORLD_SIZE", "two"}, {"RANK", "0"}}, "WORLD_SIZE must be an integer from 1 to 4096, not 'two'");
   refused({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "1"}}, "MASTER_ADDR must be set");
-  refused({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}, "MASTER_PORT is '70000'");
+  refused({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}, "MASTER_PORT must be an integer from 1 to 65535, not '70000'");
 }
 
 // One process's state, split over 2 ranks, then those slices over 3, then back to one process:

@@ -267,7 +267,7 @@ TEST(HtmlReport, TracesThatWouldDrawNegativeMemoryAreRefused) {
   refused(events_json({event_json(0, "alloc", "-5", "other")}), "negative size");
   // Times far apart would overflow end - start.
   refused(events_json({event_json(-9223372036854775807, "alloc", "1", "other"), event_json(9223372036854775807, "free", "1", "other")}),
-          "negative time_us");
+          "time_us -9223372036854775807 is outside 0 to 2^53");
   refused(R"({"steps": [{"step": 0, "peak_bytes": 1, "time_us": -1, "breakdown": {"other": 1}}], "events": []})", "negative time_us");
   refused(R"({"steps": [{"step": 0, "peak_bytes": 1, "breakdown": {"other": )" + half + R"(, "input": )" + half + "}}], \"events\": []}",
           "2^63");
