@@ -11,13 +11,16 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -169,6 +172,31 @@ c10::intrusive_ptr<c10d::Store> make_store_within(const std::string& addr, const
   return attempt->store;
 }
 
+// Whether something accepts a TCP connection at addr:port within a second. Tells a rank that timed
+// out whether nothing listens there (rank 0 not up, a wrong port) or something that is not a store.
+bool something_listens(const std::string& addr, int64_t port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  bool accepted = false;
+  for (const addrinfo* a = found; a && !accepted; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      accepted = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      accepted = ::poll(&p, 1, 1000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return accepted;
+}
+
 bool is_loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1"; }
 
 }  // namespace
@@ -263,6 +291,10 @@ std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::millis
     if (env.rank == 0) {
       throw std::runtime_error("rank 0 hosts the rendezvous store on " + where + " but not every one of the " +
                                std::to_string(env.world_size) + " ranks joined it within " + seconds);
+    }
+    if (!something_listens(env.master_addr, env.master_port)) {
+      throw std::runtime_error("rank " + std::to_string(env.rank) + " could not reach the rendezvous store at " + where + " within " +
+                               seconds + ": nothing accepts connections there (is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?)");
     }
     throw std::runtime_error("rank " + std::to_string(env.rank) + " connected to " + where + " but no rendezvous store answered there within " +
                              seconds + ": what listens there is not rank 0's c10d store (are MASTER_ADDR and MASTER_PORT right?)");
