@@ -360,7 +360,8 @@ RenderedExample render_messages(ChatTemplate t, const std::vector<ChatMessage>& 
         r.text += bos_token + "[INST] " + python_strip(content) + " [/INST]";
       } else if (m.role == "assistant") {
         const size_t begin = r.text.size();
-        r.text += " " + python_strip(content) + " " + eos_token;
+        // appended piece by piece: GCC 12 warns (-Wstringop-overflow) on " " + a temporary string here
+        r.text.append(" ").append(python_strip(content)).append(" ").append(eos_token);
         r.answers.push_back({begin, r.text.size()});
       }
     } else if (t == ChatTemplate::llama3) {

@@ -303,7 +303,7 @@ std::string examples_fingerprint(const Tokenizer& tok, const ExampleOptions& opt
                   "|train_on_prompt=" + std::to_string(opt.train_on_prompt) + "|skip_bad=" + std::to_string(opt.skip_bad) +
                   "|max_line_bytes=" + std::to_string(opt.max_line_bytes);
   for (const std::string* k : {&f.instruction, &f.input, &f.output, &f.prompt, &f.completion, &f.messages, &f.role, &f.content}) {
-    s += "|" + std::to_string(k->size()) + ":" + *k;
+    s.append("|").append(std::to_string(k->size())).append(":").append(*k);
   }
   return fnv1a64(s);
 }

@@ -154,7 +154,7 @@ TEST(Recipe, RefusesYamlThatExpandsWithoutBound) {
   std::string laughs = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n";
   for (int i = 1; i < 9; ++i) {
     laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
-    for (int k = 0; k < 9; ++k) laughs += (k ? ", *l" : "*l") + std::to_string(i - 1);
+    for (int k = 0; k < 9; ++k) laughs.append(k ? ", *l" : "*l").append(std::to_string(i - 1));
     laughs += "]\n";
   }
   ASSERT_LT(laughs.size(), 1024u);
