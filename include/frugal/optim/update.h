@@ -41,6 +41,21 @@ inline bool uses_fused_kernel(at::ScalarType param_dtype, at::Device device) {
          (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
 }
 
+// Whether Adam(W) of a parameter of this dtype and device takes the fused dense CPU step (one pass
+// over parameter, gradient and moments, no temporaries) rather than ATen operations: fp32
+// parameters with plain fp32 moments, and fp32 or bf16 parameters whose buffered moments are fp32
+// or bf16 (`effective`: the StateBuffers' precision), for contiguous CPU tensors.
+inline bool uses_dense_kernel(at::ScalarType param_dtype, at::Device device, bool buffered, StatePrecision effective) {
+  if (!device.is_cpu()) return false;
+  if (!buffered) return param_dtype == at::kFloat;
+  return (effective == StatePrecision::fp32 || effective == StatePrecision::bf16) &&
+         (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
+}
+
+// The instruction set of the fused dense CPU steps of Adam(W) and SGD on this processor: "avx512",
+// "avx2" or "portable" (FRUGAL_CPU_KERNELS=portable forces the last, =avx2 stops at AVX2).
+const char* dense_cpu_kernel();
+
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;
   double lr = 1e-3;
