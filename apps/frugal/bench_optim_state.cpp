@@ -93,8 +93,9 @@ int bench_optim_state(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     copy_gbs = 2.0 * static_cast<double>(copy_bytes) / times[times.size() / 2] / 1e9;
   }
-  std::fprintf(stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); dense kernel %s\n", copy_gbs,
-               io::human_bytes(copy_bytes).c_str(), at::get_num_threads(), optim::dense_cpu_kernel());
+  std::fprintf(stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); dense kernel %s%s\n",
+               copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(), optim::dense_cpu_kernel(),
+               optim::adam_takes_dense_kernel() ? "" : " (SGD only: Adam(W) keeps ATen's operations, LibTorch's sqrt not being correctly rounded)");
   struct Row {
     double bytes_per_param = 0, step_s = 0, final_loss = 0;
     double ns_per_param = 0;
@@ -169,7 +170,7 @@ int bench_optim_state(int argc, char** argv) {
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(rows * width).key("steps").value(steps);
   w.key("quantized_kernel").value(optim::quant_kernel_vectorized() ? "avx2" : "portable");
-  w.key("dense_kernel").value(optim::dense_cpu_kernel());
+  w.key("dense_kernel").value(optim::dense_cpu_kernel()).key("adam_dense_kernel").value(optim::adam_takes_dense_kernel());
   w.key("threads").value(static_cast<int64_t>(at::get_num_threads()));
   w.key("copy_bytes").value(copy_bytes).key("copy_bandwidth_gbs").value(copy_gbs);
   w.key("precisions").begin_object();

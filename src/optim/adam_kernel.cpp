@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FRUGAL_X86_KERNELS 1
@@ -293,6 +294,27 @@ void mark_written(const at::Tensor& t) {
 }
 
 }  // namespace
+
+bool aten_sqrt_correctly_rounded() {
+  static const bool exact = [] {
+    constexpr int64_t n = 65536;
+    std::vector<float> in(n), out(n);  // malloc's, not LibTorch's: no allocation the tracker sees
+    uint32_t h = 0x2545F491u;
+    for (int64_t i = 0; i < n; ++i) {  // positive normal values, every exponent, hashed mantissas
+      h = mix32(h + 0x9E3779B9u);
+      const uint32_t bits = (h & 0x007FFFFFu) | ((static_cast<uint32_t>(i) % 254 + 1) << 23);
+      std::memcpy(&in[static_cast<size_t>(i)], &bits, 4);
+    }
+    const auto fp32 = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor y = at::from_blob(out.data(), {n}, fp32);
+    at::sqrt_out(y, at::from_blob(in.data(), {n}, fp32));
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (out[i] != std::sqrt(in[i])) return false;
+    }
+    return true;
+  }();
+  return exact;
+}
 
 const char* dense_kernel_name(DenseKernel k) {
   switch (k) {

@@ -38,6 +38,8 @@ at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Ge
 
 const char* dense_cpu_kernel() { return dense_kernel_name(dense_kernel_chosen()); }
 
+bool adam_takes_dense_kernel() { return aten_sqrt_correctly_rounded(); }
+
 namespace {
 
 AdamStep adam_step_of(const Hyper& h, int64_t step) {
@@ -95,9 +97,10 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     }
     return;
   }
-  // fp32 or bf16 moments of a CPU parameter: one fused pass over the whole parameter, in place.
+  // fp32 or bf16 moments of a CPU parameter: one fused pass over the whole parameter, in place
+  // (where it gives ATen's bits: update.h).
   const at::Tensor &dm = state.m->dense(), &dv = state.v->dense();
-  if (cpu && dm.defined() && dv.defined() && adam_dense_kernel_applies(p_flat, g_flat, dm, dv)) {
+  if (cpu && dm.defined() && dv.defined() && adam_dense_kernel_applies(p_flat, g_flat, dm, dv) && adam_takes_dense_kernel()) {
     adam_step_dense_cpu(adam_step_of(h, state.step), p_flat, g_flat, dm, dv, rounding_of(h, param));
     return;
   }
@@ -159,7 +162,7 @@ void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at
   // fp32 parameter and moments on the CPU: one fused pass (bf16 parameters keep bf16 moments here,
   // each ATen operation rounding to bf16, which a fused fp32 pass would not reproduce).
   if (param.scalar_type() == at::kFloat && state.exp_avg.scalar_type() == at::kFloat &&
-      adam_dense_kernel_applies(param, grad, state.exp_avg, state.exp_avg_sq)) {
+      adam_dense_kernel_applies(param, grad, state.exp_avg, state.exp_avg_sq) && adam_takes_dense_kernel()) {
     adam_step_dense_cpu(adam_step_of(h, state.step), param, grad, state.exp_avg, state.exp_avg_sq, Bf16Rounding{});
     return;
   }

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iomanip>
+#include <sstream>
 #include <vector>
 
 #include "frugal/optim/update.h"
@@ -38,15 +40,36 @@ AdamStep adam_step(double lr, double b1, double b2, double eps, double wd, int64
 }
 
 struct Diff {
-  double abs = 0, rel = 0;
+  double abs = 0, rel = 0, differing = 0;
 };
 
-// The largest absolute difference, and the largest relative to the reference's magnitude (values
-// below 0.01, about one step's size, relative to 0.01: a parameter crossing zero is no worse for it).
+// The largest absolute difference, the largest relative to the reference's magnitude (values
+// below 0.01, about one step's size, relative to 0.01: a parameter crossing zero is no worse for it),
+// and the fraction of values that differ at all.
 Diff diff(const at::Tensor& ours, const at::Tensor& ref) {
-  const at::Tensor d = (ours.to(at::kDouble) - ref.to(at::kDouble)).abs();
-  return {d.max().item<double>(), (d / ref.to(at::kDouble).abs().clamp_min(0.01)).max().item<double>()};
+  const at::Tensor r = ref.to(at::kDouble), d = (ours.to(at::kDouble) - r).abs();
+  return {d.max().item<double>(), (d / r.abs().clamp_min(0.01)).max().item<double>(),
+          (d > 0).to(at::kDouble).mean().item<double>()};
 }
+
+// The largest differences over a test's cases, written to the test's properties (--gtest_output=xml
+// shows them), so the measured accuracy of each build can be read back.
+struct Worst {
+  Diff d;
+  void add(const Diff& x) {
+    d.abs = std::max(d.abs, x.abs);
+    d.rel = std::max(d.rel, x.rel);
+    d.differing = std::max(d.differing, x.differing);
+  }
+  void record(const std::string& name) const {
+    for (auto [key, value] : {std::make_pair("_max_abs_diff", d.abs), std::make_pair("_max_rel_diff", d.rel),
+                              std::make_pair("_max_fraction_differing", d.differing)}) {
+      std::ostringstream text;
+      text << std::setprecision(3) << value;
+      ::testing::Test::RecordProperty(name + key, text.str());
+    }
+  }
+};
 
 // The bf16 bits of x rounded per quantize.cpp's scheme: 16 bits of noise hashed from the seed and
 // the element's index, added to fp32's bits, the low half dropped (finite values).
@@ -77,13 +100,18 @@ at::Tensor stochastic_reference(const at::Tensor& x, uint64_t seed) {
 }  // namespace
 
 // Adam and AdamW with weight decay, 10 steps of fresh gradients, every path against
-// torch::optim::Adam/AdamW (ATen operations, the independent reference), and apply_update (which
-// must take the kernel for these contiguous fp32 CPU tensors). Measured: identical bits, max |diff|
-// = 0 on every path and size against LibTorch 1.13 (the kernel fuses the multiply-adds its add and
-// addcmul fuse). Another build of LibTorch may fuse otherwise (a compiler's choice), moving single
-// values by an ulp a step: the bound stated is a relative 1e-6 after 10 steps (about 8 ulp).
+// torch::optim::Adam/AdamW (ATen operations, the independent reference), and apply_update, which
+// gives torch::optim's bits in every build (the kernel where it does, update.h). The kernel does
+// ATen's operations in ATen's order with the multiply-adds ATen fuses, so where ATen's sqrt is
+// correctly rounded (Debian's 1.13) the bits are the same: measured max |diff| = 0 on every path and
+// size. PyPI's 2.15 takes MKL's sqrt, an ulp off for 17% of values, so each step's update can differ
+// by an ulp and the parameter's rounding with it: measured max |diff| 4.8e-7, 1.1e-6 relative (about
+// 9 ulp) after 10 steps. Bound stated: 2e-6 relative (16 ulp, under 2 a step).
 TEST(AdamKernel, MatchesTorchOptimAdamAndAdamWOver10Steps) {
   const double lr = 1e-2, wd = 0.05, b1 = 0.9, b2 = 0.95, eps = 1e-8;
+  const bool exact_sqrt = aten_sqrt_correctly_rounded();
+  ::testing::Test::RecordProperty("aten_sqrt_correctly_rounded", exact_sqrt ? "yes" : "no");
+  Worst worst;
   for (const bool decoupled : {true, false}) {
     for (const int64_t n : kSizes) {
       SCOPED_TRACE(std::string(decoupled ? "adamw" : "adam") + " n=" + std::to_string(n));
@@ -114,24 +142,27 @@ TEST(AdamKernel, MatchesTorchOptimAdamAndAdamWOver10Steps) {
       at::Tensor p = p0.clone();
       for (const auto& g : grads) apply_update(h, state, p, g);
       const at::Tensor expected = ref.detach();
-      const Diff d = diff(p, expected);
-      EXPECT_LE(d.rel, 1e-6) << "apply_update: max abs " << d.abs;
+      EXPECT_TRUE(at::equal(p, expected)) << "apply_update: not torch::optim's bits, max abs " << diff(p, expected).abs;
       for (DenseKernel k : available_paths()) {
         at::Tensor pk = p0.clone(), m = at::zeros({n}), v = at::zeros({n});
         for (int t = 0; t < 10; ++t) {
           adam_step_dense_cpu(adam_step(lr, b1, b2, eps, wd, t + 1, decoupled), pk, grads[static_cast<size_t>(t)], m, v,
                               Bf16Rounding{}, k);
         }
-        const Diff dk = diff(pk, expected);
-        EXPECT_LE(dk.rel, 1e-6) << dense_kernel_name(k) << ": max abs " << dk.abs;
-        EXPECT_TRUE(at::equal(pk, p)) << dense_kernel_name(k) << " differs from apply_update's path";
+        const Diff d = diff(pk, expected);
+        worst.add(d);
+        EXPECT_LE(d.rel, 2e-6) << dense_kernel_name(k) << ": max abs " << d.abs;
+        if (exact_sqrt) {
+          EXPECT_TRUE(at::equal(pk, expected)) << dense_kernel_name(k) << ": not torch::optim's bits, max abs " << d.abs;
+        }
       }
     }
   }
+  worst.record("adam_vs_torch_optim");
 }
 
 // SGD with momentum and weight decay, with dampening, nesterov and plain, against torch::optim::SGD
-// over 10 steps. Measured: identical bits on every path and size; bound stated 1e-6 relative.
+// over 10 steps: identical bits on every path and size (measured on 1.13 and 2.15; SGD has no sqrt).
 TEST(AdamKernel, SgdMatchesTorchOptimOver10Steps) {
   struct Case {
     const char* name;
@@ -142,6 +173,7 @@ TEST(AdamKernel, SgdMatchesTorchOptimOver10Steps) {
                                    {"dampening", 0.05, 0.9, 0.3, 0.01, false},
                                    {"nesterov", 0.05, 0.9, 0, 0.02, true},
                                    {"plain", 0.1, 0, 0, 0, false}};
+  Worst worst;
   for (const Case& c : cases) {
     for (const int64_t n : kSizes) {
       SCOPED_TRACE(std::string(c.name) + " n=" + std::to_string(n));
@@ -168,7 +200,8 @@ TEST(AdamKernel, SgdMatchesTorchOptimOver10Steps) {
       for (const auto& g : grads) apply_update(h, state, p, g);
       const at::Tensor expected = ref.detach();
       const Diff d = diff(p, expected);
-      EXPECT_LE(d.rel, 1e-6) << "apply_update: max abs " << d.abs;
+      worst.add(d);
+      EXPECT_TRUE(at::equal(p, expected)) << "apply_update: max abs " << d.abs;
       for (DenseKernel k : available_paths()) {
         at::Tensor pk = p0.clone(), buf = c.momentum != 0 ? at::empty({n}) : at::Tensor();
         for (int t = 0; t < 10; ++t) {
@@ -179,6 +212,7 @@ TEST(AdamKernel, SgdMatchesTorchOptimOver10Steps) {
       }
     }
   }
+  worst.record("sgd_vs_torch_optim");
 }
 
 // Every dtype combination (parameter, gradient, moments: fp32 or bf16), rounding to nearest and
@@ -224,11 +258,17 @@ TEST(AdamKernel, PathsAndThreadCountsGiveIdenticalBits) {
 }
 
 // bf16 parameters and moments against the ATen computation the buffered update did before the
-// kernel (update.cpp's chunk loop: widen, ATen operations in fp32, round to nearest even): the
-// same bits (measured: identical; bound stated one bf16 ulp, 2^-7 relative). With stochastic
-// rounding the moments are the same and the parameter is the fp32 result rounded with quantize.cpp's
-// noise, exactly.
+// kernel (update.cpp's chunk loop: widen, ATen operations in fp32, round to nearest even), 10 steps.
+// Where ATen's sqrt is correctly rounded (1.13): the same bits (measured). With 2.15's MKL sqrt an fp32
+// result an ulp off now and then rounds to the other bf16 neighbour, and a parameter or moment that
+// took it stays a little apart: measured max 2 bf16 ulps (|diff| 0.0039 at 0.46) on 0.0018% of the
+// values at most. Bound stated: 2 bf16 ulps (2^-6 relative) on under 0.1% of the values. fp32
+// parameters (with bf16 moments) take the fp32 test's bound, 2e-6 relative (measured 1.1e-6).
+// Stochastic rounding: the moments do not depend on it, and the parameter is the kernel's own fp32
+// result rounded with quantize.cpp's noise, exactly.
 TEST(AdamKernel, Bf16StateAndParametersMatchTheAtenComputation) {
+  const bool exact_sqrt = aten_sqrt_correctly_rounded();
+  Worst worst_bf16, worst_fp32;
   for (const bool decoupled : {true, false}) {
     for (const at::ScalarType pt : {at::kFloat, at::kBFloat16}) {
       for (const int64_t n : kSizes) {
@@ -239,52 +279,59 @@ TEST(AdamKernel, Bf16StateAndParametersMatchTheAtenComputation) {
         at::Tensor rp = p.clone(), rm = m.clone(), rv = v.clone();
         at::Tensor sp = p.clone(), sm = m.clone(), sv = v.clone();  // stochastic rounding of a bf16 parameter
         for (int t = 1; t <= 10; ++t) {
+          const AdamStep h = adam_step(lr, b1, b2, eps, wd, t, decoupled);
           const at::Tensor g = at::randn({n}).to(pt);
-          adam_step_dense_cpu(adam_step(lr, b1, b2, eps, wd, t, decoupled), p, g, m, v, Bf16Rounding{});
+          adam_step_dense_cpu(h, p, g, m, v, Bf16Rounding{});
           // the reference: update.cpp's ATen chunk loop
-          at::Tensor p32 = rp.to(at::kFloat), g32 = g.to(at::kFloat);
-          auto reference_step = [&](at::Tensor& q, at::Tensor& mm, at::Tensor& vv) {
-            at::Tensor gg = g32;
-            if (decoupled) {
-              q.mul_(1 - lr * wd);
-            } else {
-              gg = gg.add(q, wd);
-            }
-            at::Tensor m32 = mm.to(at::kFloat), v32 = vv.to(at::kFloat);
-            m32.mul_(b1).add_(gg, 1 - b1);
-            v32.mul_(b2).addcmul_(gg, gg, 1 - b2);
-            const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
-            const at::Tensor denom = (v32.sqrt() / std::sqrt(bc2)).add_(eps);
-            q.addcdiv_(m32, denom, -lr / bc1);
-            mm.copy_(m32);
-            vv.copy_(v32);
-          };
-          reference_step(p32, rm, rv);
-          rp.copy_(p32);
+          at::Tensor q = rp.to(at::kFloat), gg = g.to(at::kFloat);
+          if (decoupled) {
+            q.mul_(1 - lr * wd);
+          } else {
+            gg = gg.add(q, wd);
+          }
+          at::Tensor m32 = rm.to(at::kFloat), v32 = rv.to(at::kFloat);
+          m32.mul_(b1).add_(gg, 1 - b1);
+          v32.mul_(b2).addcmul_(gg, gg, 1 - b2);
+          const at::Tensor denom = (v32.sqrt() / std::sqrt(h.bias_correction2)).add_(eps);
+          q.addcdiv_(m32, denom, -lr / h.bias_correction1);
+          rm.copy_(m32);
+          rv.copy_(v32);
+          rp.copy_(q);
           if (pt == at::kBFloat16) {
             const uint64_t seed = 1000 + static_cast<uint64_t>(t);
-            at::Tensor s32 = sp.to(at::kFloat);
-            at::Tensor sm_ref = sm.clone(), sv_ref = sv.clone();
-            reference_step(s32, sm_ref, sv_ref);
-            adam_step_dense_cpu(adam_step(lr, b1, b2, eps, wd, t, decoupled), sp, g, sm, sv, Bf16Rounding{true, seed});
-            EXPECT_TRUE(at::equal(sm, sm_ref) && at::equal(sv, sv_ref)) << "moments, stochastic step " << t;
-            EXPECT_TRUE(at::equal(sp, stochastic_reference(s32, seed))) << "stochastic rounding, step " << t;
+            // the kernel's own fp32 result: the same step on an fp32 copy of the parameter
+            at::Tensor exact = sp.to(at::kFloat), em = sm.clone(), ev = sv.clone();
+            adam_step_dense_cpu(h, exact, g, em, ev, Bf16Rounding{});
+            adam_step_dense_cpu(h, sp, g, sm, sv, Bf16Rounding{true, seed});
+            EXPECT_TRUE(at::equal(sm, em) && at::equal(sv, ev)) << "moments, stochastic step " << t;
+            EXPECT_TRUE(at::equal(sp, stochastic_reference(exact, seed))) << "stochastic rounding, step " << t;
           }
         }
         for (auto [ours, ref, what] : {std::make_tuple(p, rp, "parameter"), std::make_tuple(m, rm, "m"), std::make_tuple(v, rv, "v")}) {
           const Diff d = diff(ours, ref);
-          EXPECT_LE(d.rel, 1.0 / 128) << what << ": max abs " << d.abs;
-          EXPECT_TRUE(at::equal(ours, ref)) << what << " not bit-identical (max rel " << d.rel << ")";
+          if (ours.scalar_type() == at::kBFloat16) {
+            worst_bf16.add(d);
+            EXPECT_LE(d.rel, 1.0 / 64) << what << ": max abs " << d.abs;
+            EXPECT_LE(d.differing, 0.001) << what;
+          } else {  // an fp32 parameter: the fp32 test's bound
+            worst_fp32.add(d);
+            EXPECT_LE(d.rel, 2e-6) << what << ": max abs " << d.abs;
+          }
+          if (exact_sqrt) {
+            EXPECT_TRUE(at::equal(ours, ref)) << what << " not bit-identical (max rel " << d.rel << ")";
+          }
         }
       }
     }
   }
+  worst_bf16.record("bf16_vs_aten");
+  worst_fp32.record("fp32_param_bf16_state_vs_aten");
 }
 
-// The buffered path (bf16 state, or fp32 state in host memory) goes through the kernel, and
-// stochastic rounding of bf16 parameters draws one seed per update from the default generator: the
-// same generator state gives the same bits.
-TEST(AdamKernel, BufferedStateTakesTheKernelReproducibly) {
+// The buffered path (bf16 state, or fp32 state in host memory; the kernel where update.h says) with
+// stochastic rounding of bf16 parameters: the noise comes from the default generator (the kernel:
+// one seed per update), so the same generator state gives the same bits.
+TEST(AdamKernel, BufferedStateWithStochasticRoundingIsReproducible) {
   const int64_t n = 5000;
   torch::manual_seed(2);
   const at::Tensor p0 = at::randn({n}).to(at::kBFloat16);
@@ -337,12 +384,20 @@ TEST(AdamKernel, NonContiguousParametersFallBackToAten) {
 // A parameter updated through raw pointers still counts as changed for autograd, as ATen's in-place
 // operations count it: a graph that saved it refuses to run backward afterwards.
 TEST(AdamKernel, UpdatesBumpTheParametersVersion) {
-  at::Tensor w = at::randn({64}).requires_grad_();
-  const at::Tensor loss = (w * w).sum();  // saves w
-  const auto before = w._version();
-  Hyper h;
-  ParamState state;
-  apply_update(h, state, w, at::randn({64}));
-  EXPECT_GT(w._version(), before);
-  EXPECT_THROW(loss.backward(), c10::Error);
+  for (const bool adam : {true, false}) {
+    at::Tensor w = at::randn({64}).requires_grad_();
+    const at::Tensor loss = (w * w).sum();  // saves w
+    const auto before = w._version();
+    {
+      at::NoGradGuard no_grad;
+      if (adam) {
+        at::Tensor m = at::zeros({64}), v = at::zeros({64});
+        adam_step_dense_cpu(adam_step(1e-3, 0.9, 0.999, 1e-8, 0, 1, true), w, at::randn({64}), m, v, Bf16Rounding{});
+      } else {
+        sgd_step_dense_cpu(SgdStep{0.1, 0, 0, 0, false}, w, at::randn({64}), at::Tensor(), false);
+      }
+    }
+    EXPECT_GT(w._version(), before) << (adam ? "adam" : "sgd");
+    EXPECT_THROW(loss.backward(), c10::Error) << (adam ? "adam" : "sgd");
+  }
 }

@@ -41,12 +41,20 @@ inline bool uses_fused_kernel(at::ScalarType param_dtype, at::Device device) {
          (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
 }
 
-// Whether Adam(W) of a parameter of this dtype and device takes the fused dense CPU step (one pass
-// over parameter, gradient and moments, no temporaries) rather than ATen operations: fp32
-// parameters with plain fp32 moments, and fp32 or bf16 parameters whose buffered moments are fp32
-// or bf16 (`effective`: the StateBuffers' precision), for contiguous CPU tensors.
+// Whether Adam(W) takes the fused dense CPU step (one pass over parameter, gradient and moments, no
+// temporaries) in this process: where it gives ATen's bits, that is where LibTorch's fp32 sqrt is
+// correctly rounded as the kernel's is (Debian's 1.13). PyPI's 2.x wheel takes MKL's sqrt, an ulp off
+// for a sixth of values; Adam's step, nearly the sign of m where the gradient is small, carries such
+// an ulp into an lr-sized difference over a training run (measured on a two-block Transformer after
+// 20 steps: 3.6e-3 between PyTorch 2.15's own fused and for-loop AdamW), so there Adam(W) keeps
+// ATen's operations and stays torch::optim's. SGD has no sqrt and takes its fused step everywhere.
+bool adam_takes_dense_kernel();
+
+// Whether Adam(W) of a parameter of this dtype and device takes that step: fp32 parameters with
+// plain fp32 moments, and fp32 or bf16 parameters whose buffered moments are fp32 or bf16
+// (`effective`: the StateBuffers' precision), for contiguous CPU tensors.
 inline bool uses_dense_kernel(at::ScalarType param_dtype, at::Device device, bool buffered, StatePrecision effective) {
-  if (!device.is_cpu()) return false;
+  if (!device.is_cpu() || !adam_takes_dense_kernel()) return false;
   if (!buffered) return param_dtype == at::kFloat;
   return (effective == StatePrecision::fp32 || effective == StatePrecision::bf16) &&
          (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
