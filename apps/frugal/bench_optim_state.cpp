@@ -95,7 +95,9 @@ int bench_optim_state(int argc, char** argv) {
   }
   std::fprintf(stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); dense kernel %s%s\n",
                copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(), optim::dense_cpu_kernel(),
-               optim::adam_takes_dense_kernel() ? "" : " (SGD only: Adam(W) keeps ATen's operations, LibTorch's sqrt not being correctly rounded)");
+               !optim::adam_takes_dense_kernel()        ? " (not for Adam(W) here: LibTorch's multiply-adds are not fused, so it keeps ATen's operations)"
+               : optim::adam_kernel_gives_aten_bits() ? " (Adam(W): torch::optim's bits)"
+                                                      : " (Adam(W): within an ulp a step of torch::optim, whose sqrt here is MKL's)");
   struct Row {
     double bytes_per_param = 0, step_s = 0, final_loss = 0;
     double ns_per_param = 0;
@@ -171,6 +173,8 @@ int bench_optim_state(int argc, char** argv) {
   w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(rows * width).key("steps").value(steps);
   w.key("quantized_kernel").value(optim::quant_kernel_vectorized() ? "avx2" : "portable");
   w.key("dense_kernel").value(optim::dense_cpu_kernel()).key("adam_dense_kernel").value(optim::adam_takes_dense_kernel());
+  w.key("adam_dense_kernel_aten_bits").value(optim::adam_kernel_gives_aten_bits());
+  w.key("sgd_dense_kernel").value(optim::sgd_takes_dense_kernel());
   w.key("threads").value(static_cast<int64_t>(at::get_num_threads()));
   w.key("copy_bytes").value(copy_bytes).key("copy_bandwidth_gbs").value(copy_gbs);
   w.key("precisions").begin_object();

@@ -295,25 +295,38 @@ void mark_written(const at::Tensor& t) {
 
 }  // namespace
 
-bool aten_sqrt_correctly_rounded() {
-  static const bool exact = [] {
-    constexpr int64_t n = 65536;
-    std::vector<float> in(n), out(n);  // malloc's, not LibTorch's: no allocation the tracker sees
+const AtenRounding& aten_rounding() {
+  static const AtenRounding rounding = [] {
+    constexpr size_t n = 65536;
+    std::vector<float> a(n), b(n), c(n), out(n);  // malloc's, not LibTorch's: no allocation the tracker sees
     uint32_t h = 0x2545F491u;
-    for (int64_t i = 0; i < n; ++i) {  // positive normal values, every exponent, hashed mantissas
+    auto next = [&h](uint32_t exponent) {  // hashed mantissa and sign, the given exponent
       h = mix32(h + 0x9E3779B9u);
-      const uint32_t bits = (h & 0x007FFFFFu) | ((static_cast<uint32_t>(i) % 254 + 1) << 23);
-      std::memcpy(&in[static_cast<size_t>(i)], &bits, 4);
+      const uint32_t bits = (h & 0x807FFFFFu) | (exponent << 23);
+      float x;
+      std::memcpy(&x, &bits, 4);
+      return x;
+    };
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = std::fabs(next(static_cast<uint32_t>(i % 254 + 1)));  // positive normals of every exponent
+      b[i] = next(127 + static_cast<uint32_t>(i % 8));              // [1, 256) either sign
+      c[i] = next(120 + static_cast<uint32_t>(i % 8));              // [2^-7, 2) either sign
     }
     const auto fp32 = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor y = at::from_blob(out.data(), {n}, fp32);
-    at::sqrt_out(y, at::from_blob(in.data(), {n}, fp32));
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (out[i] != std::sqrt(in[i])) return false;
-    }
-    return true;
+    const int64_t size = static_cast<int64_t>(n);
+    auto tensor = [&](std::vector<float>& v) { return at::from_blob(v.data(), {size}, fp32); };
+    at::Tensor y = tensor(out);
+    AtenRounding r{true, true, true};
+    at::sqrt_out(y, tensor(a));
+    for (size_t i = 0; i < n; ++i) r.sqrt_exact = r.sqrt_exact && out[i] == std::sqrt(a[i]);
+    const float alpha = 0.0999f, value = 0.0011f;  // ATen casts its double scalars to these
+    at::add_out(y, tensor(b), tensor(c), alpha);
+    for (size_t i = 0; i < n; ++i) r.add_fused = r.add_fused && out[i] == std::fma(c[i], alpha, b[i]);
+    at::addcmul_out(y, tensor(b), tensor(c), tensor(a), value);
+    for (size_t i = 0; i < n; ++i) r.addcmul_fused = r.addcmul_fused && out[i] == std::fma(value * c[i], a[i], b[i]);
+    return r;
   }();
-  return exact;
+  return rounding;
 }
 
 const char* dense_kernel_name(DenseKernel k) {

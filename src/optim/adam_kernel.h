@@ -19,18 +19,23 @@ namespace optim {
 // portable loop and FRUGAL_CPU_KERNELS=avx2 stops at AVX2. The three do the same IEEE fp32
 // operations in the same order, with a fused multiply-add exactly where LibTorch's own add
 // (a + alpha*b) and addcmul (a + (s*b)*c) kernels end in one as its CPU build compiles them
-// (std::fma in the portable loop), so they give identical bits, and torch::optim's where LibTorch's
-// sqrt is correctly rounded (below; tested). Tests force each path.
+// (std::fma in the portable loop), so they give identical bits, and torch::optim's where LibTorch
+// rounds the same way (aten_rounding; tested). Tests force each path.
 enum class DenseKernel { automatic, portable, avx2, avx512 };
 const char* dense_kernel_name(DenseKernel k);  // "automatic", "portable", "avx2", "avx512"
 bool dense_kernel_supported(DenseKernel k);    // whether this processor can run that path
 DenseKernel dense_kernel_chosen();             // what automatic runs here
 
-// Whether LibTorch's sqrt of fp32 CPU tensors is correctly rounded, as the kernel's is: then the
-// Adam(W) step gives ATen's bits. Debian's 1.13 takes the processor's instruction; PyPI's 2.x wheel
-// takes MKL's vector math (VML_HA), within an ulp but not the nearest for about a sixth of values.
-// Checked once, on 65536 values of every exponent, with no allocation of LibTorch's.
-bool aten_sqrt_correctly_rounded();
+// How LibTorch's own fp32 CPU kernels round, checked once on 65536 values (from_blob buffers: no
+// allocation of LibTorch's): whether its sqrt is correctly rounded, as the kernel's is (Debian's
+// 1.13: the processor's instruction; PyPI's 2.x wheel: MKL's vector math, within an ulp but not the
+// nearest for about a sixth of values), and whether its add (a + alpha*b) and addcmul (a + (s*b)*c)
+// end in one fused multiply-add, as the kernel's do (both builds on processors with FMA; not ATen's
+// portable kernels). Where all three hold, the kernel gives ATen's bits.
+struct AtenRounding {
+  bool sqrt_exact, add_fused, addcmul_fused;
+};
+const AtenRounding& aten_rounding();
 
 // Whether adam_step_dense_cpu takes these: CPU tensors, contiguous, of one size; parameter and
 // gradient fp32 or bf16; both moments fp32 or both bf16.

@@ -38,7 +38,14 @@ at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Ge
 
 const char* dense_cpu_kernel() { return dense_kernel_name(dense_kernel_chosen()); }
 
-bool adam_takes_dense_kernel() { return aten_sqrt_correctly_rounded(); }
+bool adam_takes_dense_kernel() {
+  const AtenRounding& r = aten_rounding();
+  return r.add_fused && r.addcmul_fused;
+}
+
+bool adam_kernel_gives_aten_bits() { return adam_takes_dense_kernel() && aten_rounding().sqrt_exact; }
+
+bool sgd_takes_dense_kernel() { return aten_rounding().add_fused; }
 
 namespace {
 
@@ -98,7 +105,7 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     return;
   }
   // fp32 or bf16 moments of a CPU parameter: one fused pass over the whole parameter, in place
-  // (where it gives ATen's bits: update.h).
+  // (where ATen's multiply-adds are fused as the kernel's: update.h).
   const at::Tensor &dm = state.m->dense(), &dv = state.v->dense();
   if (cpu && dm.defined() && dv.defined() && adam_dense_kernel_applies(p_flat, g_flat, dm, dv) && adam_takes_dense_kernel()) {
     adam_step_dense_cpu(adam_step_of(h, state.step), p_flat, g_flat, dm, dv, rounding_of(h, param));
@@ -131,7 +138,7 @@ void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at
   at::NoGradGuard no_grad;
   state.step += 1;
   if (h.algorithm == Algorithm::sgd) {
-    if (param.device().is_cpu() && sgd_dense_kernel_applies(param, grad, state.momentum_buffer)) {  // one fused pass
+    if (param.device().is_cpu() && sgd_dense_kernel_applies(param, grad, state.momentum_buffer) && sgd_takes_dense_kernel()) {
       const bool first = h.momentum != 0 && !state.momentum_buffer.defined();
       if (first) state.momentum_buffer = at::empty_like(param, at::MemoryFormat::Contiguous);
       sgd_step_dense_cpu(SgdStep{h.lr, h.weight_decay, h.momentum, h.dampening, h.nesterov}, param, grad,

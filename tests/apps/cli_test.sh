@@ -598,7 +598,7 @@ expected = "avx2" if automatic and "avx2" in flags else "portable"
 assert d["quantized_kernel"] == expected, (d["quantized_kernel"], expected)
 dense = "avx512" if "avx512f" in flags and "avx2" in flags and "fma" in flags else "avx2" if "avx2" in flags and "fma" in flags else "portable"
 assert d["dense_kernel"] == (dense if automatic else "portable"), d["dense_kernel"]
-assert isinstance(d["adam_dense_kernel"], bool), d
+assert isinstance(d["adam_dense_kernel"], bool) and isinstance(d["sgd_dense_kernel"], bool), d
 assert d["threads"] >= 1 and d["copy_bytes"] == 256 << 20 and d["copy_bandwidth_gbs"] > 0, d
 p = d["precisions"]
 assert set(p) == {"fp32", "bf16", "int8", "int4"}
