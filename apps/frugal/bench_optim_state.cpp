@@ -1,6 +1,9 @@
 // frugal bench optim-state — AdamW state in fp32, bf16, 8-bit and 4-bit: bytes per parameter,
-// step time against fp32 on ~50M parameters, and with --steps N the default recipe's final loss.
+// step time against fp32 on ~50M parameters, the bytes each step moves and the bandwidth that
+// achieves beside a plain copy's, and with --steps N the default recipe's final loss.
 #include <unistd.h>
+
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +19,7 @@
 #include "frugal/io/units.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/quantize.h"
+#include "frugal/optim/update.h"
 #include "frugal/train/trainer.h"
 #include "train_progress.h"
 
@@ -27,7 +31,8 @@ int bench_optim_state(int argc, char** argv) {
   std::string json_out = "-", recipe_path = "default";
   Args args("bench optim-state",
             "AdamW with its two moments in fp32, bf16, 8-bit and 4-bit blocks: bytes per parameter and the time of one\n"
-            "optimizer step over --params parameters (as 2048-wide matrices), against fp32. With --steps N, also trains\n"
+            "optimizer step over --params parameters (as 2048-wide matrices), against fp32, with the bytes it moves per\n"
+            "parameter and the GB/s that achieves beside a plain copy's (same threads). With --steps N, also trains\n"
             "the recipe N steps per precision, prints the loss curves side by side and compares the final loss with\n"
             "fp32's (the JSON carries every step's loss per precision, for plotting).");
   args.add_int("params", &params, "parameters in the timed step", 4096, int64_t{1} << 40);
@@ -70,8 +75,35 @@ int bench_optim_state(int argc, char** argv) {
   const int64_t matrices = std::max<int64_t>(1, rows / width), last_rows = rows - (matrices - 1) * width;
   const std::vector<optim::StatePrecision> precisions = {optim::StatePrecision::fp32, optim::StatePrecision::bf16,
                                                          optim::StatePrecision::int8, optim::StatePrecision::int4};
+  // The memory bandwidth a plain copy reaches with the same threads: 256 MiB of fp32 copied by
+  // at::Tensor::copy_, counted as read + written (the median of 5 after one untimed). The processor
+  // also reads each destination line before writing it, which the count leaves out; a step reads
+  // everything it writes anyway, so it can pass 100% of this figure.
+  const int64_t copy_bytes = int64_t{256} << 20;
+  double copy_gbs = 0;
+  {
+    const at::Tensor src = at::ones({copy_bytes / 4}), dst = at::empty_like(src);
+    std::vector<double> times;
+    for (int r = 0; r <= 5; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      dst.copy_(src);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) times.push_back(s);
+    }
+    std::sort(times.begin(), times.end());
+    copy_gbs = 2.0 * static_cast<double>(copy_bytes) / times[times.size() / 2] / 1e9;
+  }
+  std::fprintf(stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); dense kernel %s%s\n",
+               copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(), optim::dense_cpu_kernel(),
+               !optim::adam_takes_dense_kernel()        ? " (not for Adam(W) here: LibTorch's multiply-adds are not fused, so it keeps ATen's operations)"
+               : optim::adam_kernel_gives_aten_bits() ? " (Adam(W): torch::optim's bits)"
+                                                      : " (Adam(W): within an ulp a step of torch::optim, whose sqrt here is MKL's)");
   struct Row {
     double bytes_per_param = 0, step_s = 0, final_loss = 0;
+    double ns_per_param = 0;
+    // What one step reads and writes per parameter: the fp32 parameter (read, written), its fp32
+    // gradient (read), and both moments' state (codes and scales, or the dense values: read, written).
+    double moved_per_param = 0, achieved_gbs = 0;
     std::vector<double> losses;  // one per training step
   };
   std::vector<Row> rows_out(precisions.size());
@@ -96,10 +128,16 @@ int bench_optim_state(int argc, char** argv) {
     }
     std::sort(times.begin(), times.end());
     rows_out[i].step_s = times[times.size() / 2];
-    rows_out[i].bytes_per_param = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
-    std::fprintf(stderr, "%-5s %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32's step time\n",
-                 optim::precision_name(precisions[i]), rows_out[i].bytes_per_param, io::human_bytes(opt.state_bytes()).c_str(),
-                 rows_out[i].step_s * 1e3, static_cast<long long>(n), rows_out[i].step_s / rows_out[0].step_s);
+    Row& row = rows_out[i];
+    row.bytes_per_param = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
+    row.ns_per_param = row.step_s * 1e9 / static_cast<double>(n);
+    row.moved_per_param = 4 + 4 + 4 + 2 * row.bytes_per_param;
+    row.achieved_gbs = row.moved_per_param * static_cast<double>(n) / row.step_s / 1e9;
+    std::fprintf(stderr, "%-5s %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32's step time\n"
+                 "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
+                 optim::precision_name(precisions[i]), row.bytes_per_param, io::human_bytes(opt.state_bytes()).c_str(),
+                 row.step_s * 1e3, static_cast<long long>(n), row.step_s / rows_out[0].step_s, row.ns_per_param,
+                 row.moved_per_param, row.achieved_gbs, 100 * row.achieved_gbs / copy_gbs);
   }
   if (steps > 0) {
     for (size_t i = 0; i < precisions.size(); ++i) {
@@ -134,12 +172,21 @@ int bench_optim_state(int argc, char** argv) {
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(rows * width).key("steps").value(steps);
   w.key("quantized_kernel").value(optim::quant_kernel_vectorized() ? "avx2" : "portable");
+  w.key("dense_kernel").value(optim::dense_cpu_kernel()).key("adam_dense_kernel").value(optim::adam_takes_dense_kernel());
+  w.key("adam_dense_kernel_aten_bits").value(optim::adam_kernel_gives_aten_bits());
+  w.key("sgd_dense_kernel").value(optim::sgd_takes_dense_kernel());
+  w.key("threads").value(static_cast<int64_t>(at::get_num_threads()));
+  w.key("copy_bytes").value(copy_bytes).key("copy_bandwidth_gbs").value(copy_gbs);
   w.key("precisions").begin_object();
   for (size_t i = 0; i < precisions.size(); ++i) {
     w.key(optim::precision_name(precisions[i])).begin_object();
     w.key("bytes_per_param").value(rows_out[i].bytes_per_param);
     w.key("step_time_s").value(rows_out[i].step_s);
     w.key("step_time_ratio_vs_fp32").value(rows_out[i].step_s / rows_out[0].step_s);
+    w.key("ns_per_param").value(rows_out[i].ns_per_param);
+    w.key("bytes_moved_per_param").value(rows_out[i].moved_per_param);
+    w.key("achieved_gbs").value(rows_out[i].achieved_gbs);
+    w.key("fraction_of_copy_bandwidth").value(rows_out[i].achieved_gbs / copy_gbs);
     if (steps > 0) {
       w.key("final_loss").value(rows_out[i].final_loss);
       w.key("loss_ratio_vs_fp32").value(rows_out[i].final_loss / rows_out[0].final_loss);

@@ -774,8 +774,9 @@ int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device d
   const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
   if (o.algorithm() == Algorithm::sgd) return 0;
   const bool buffered = uses_buffered_state(dtype, o.state(), o.stochastic_rounding());
-  if (!buffered) return 2 * numel * e;
   const StatePrecision p = effective_precision(numel, o.state());
+  if (uses_dense_kernel(dtype, device, buffered, p)) return 0;  // one fused pass in place
+  if (!buffered) return 2 * numel * e;
   if ((p == StatePrecision::int8 || p == StatePrecision::int4) && uses_fused_kernel(dtype, device)) {
     // On a GPU with the state off it, the CUDA kernel holds one chunk's codes and scales of both
     // moments on the device; otherwise nothing.

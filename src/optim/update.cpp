@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "adam_kernel.h"
+
 #include <cmath>
 #include <mutex>
 
@@ -34,7 +36,38 @@ at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Ge
   return at::where(finite, rounded.view(at::kFloat), x.to(at::kFloat)).to(at::kBFloat16);
 }
 
+const char* dense_cpu_kernel() { return dense_kernel_name(dense_kernel_chosen()); }
+
+bool adam_takes_dense_kernel() {
+  const AtenRounding& r = aten_rounding();
+  return r.add_fused && r.addcmul_fused;
+}
+
+bool adam_kernel_gives_aten_bits() { return adam_takes_dense_kernel() && aten_rounding().sqrt_exact; }
+
+bool sgd_takes_dense_kernel() { return aten_rounding().add_fused; }
+
 namespace {
+
+AdamStep adam_step_of(const Hyper& h, int64_t step) {
+  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
+  return AdamStep{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2,
+                  h.algorithm == Algorithm::adamw};
+}
+
+// How the fused kernels round a bf16 parameter: stochastically with one seed per update, drawn from
+// the default generator (which run checkpoints save), when asked; to nearest even otherwise.
+Bf16Rounding rounding_of(const Hyper& h, const at::Tensor& param) {
+  Bf16Rounding rounding;
+  rounding.stochastic = h.stochastic_rounding && param.scalar_type() == at::kBFloat16;
+  if (rounding.stochastic) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rounding.seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
+  return rounding;
+}
 
 // Adam(W) over chunks of blocks: load each chunk of the moments as fp32, update, store back.
 void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, const at::Tensor& grad) {
@@ -56,15 +89,8 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
   QuantizedBuffer *qm = state.m->quantized(), *qv = state.v->quantized();
   const bool cpu = param.device().is_cpu();
   if (qm && qv && uses_fused_kernel(param.scalar_type(), param.device()) && (!cpu || qm->codes().device().is_cpu())) {
-    const AdamStep step{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2,
-                        h.algorithm == Algorithm::adamw};
-    Bf16Rounding rounding;
-    rounding.stochastic = h.stochastic_rounding && param.scalar_type() == at::kBFloat16;
-    if (rounding.stochastic) {  // one draw per update from the default generator, which checkpoints save
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rounding.seed = gen.get<at::CPUGeneratorImpl>()->random64();
-    }
+    const AdamStep step = adam_step_of(h, state.step);
+    const Bf16Rounding rounding = rounding_of(h, param);
     const bool kernel_dtype = g_flat.scalar_type() == at::kFloat || g_flat.scalar_type() == at::kBFloat16;
     for (int64_t b = 0; b < n; b += chunk) {
       const int64_t e = std::min(n, b + chunk);
@@ -76,6 +102,13 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
         state.m->add_transfer_seconds(adam_step_quantized_cuda(step, p_flat.narrow(0, b, e - b), g_chunk, *qm, *qv, b, e, rounding));
       }
     }
+    return;
+  }
+  // fp32 or bf16 moments of a CPU parameter: one fused pass over the whole parameter, in place
+  // (where ATen's multiply-adds are fused as the kernel's: update.h).
+  const at::Tensor &dm = state.m->dense(), &dv = state.v->dense();
+  if (cpu && dm.defined() && dv.defined() && adam_dense_kernel_applies(p_flat, g_flat, dm, dv) && adam_takes_dense_kernel()) {
+    adam_step_dense_cpu(adam_step_of(h, state.step), p_flat, g_flat, dm, dv, rounding_of(h, param));
     return;
   }
   for (int64_t b = 0; b < n; b += chunk) {
@@ -105,6 +138,13 @@ void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at
   at::NoGradGuard no_grad;
   state.step += 1;
   if (h.algorithm == Algorithm::sgd) {
+    if (param.device().is_cpu() && sgd_dense_kernel_applies(param, grad, state.momentum_buffer) && sgd_takes_dense_kernel()) {
+      const bool first = h.momentum != 0 && !state.momentum_buffer.defined();
+      if (first) state.momentum_buffer = at::empty_like(param, at::MemoryFormat::Contiguous);
+      sgd_step_dense_cpu(SgdStep{h.lr, h.weight_decay, h.momentum, h.dampening, h.nesterov}, param, grad,
+                         h.momentum != 0 ? state.momentum_buffer : at::Tensor(), first);
+      return;
+    }
     at::Tensor d_p = h.weight_decay != 0 ? grad.add(param, h.weight_decay) : grad;
     if (h.momentum != 0) {
       if (!state.momentum_buffer.defined()) {
@@ -125,6 +165,13 @@ void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at
   if (!state.exp_avg.defined()) {
     state.exp_avg = at::zeros_like(param, at::MemoryFormat::Preserve);
     state.exp_avg_sq = at::zeros_like(param, at::MemoryFormat::Preserve);
+  }
+  // fp32 parameter and moments on the CPU: one fused pass (bf16 parameters keep bf16 moments here,
+  // each ATen operation rounding to bf16, which a fused fp32 pass would not reproduce).
+  if (param.scalar_type() == at::kFloat && state.exp_avg.scalar_type() == at::kFloat &&
+      adam_dense_kernel_applies(param, grad, state.exp_avg, state.exp_avg_sq) && adam_takes_dense_kernel()) {
+    adam_step_dense_cpu(adam_step_of(h, state.step), param, grad, state.exp_avg, state.exp_avg_sq, Bf16Rounding{});
+    return;
   }
   at::Tensor g = grad;
   if (h.algorithm == Algorithm::adamw) {

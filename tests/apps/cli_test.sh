@@ -585,22 +585,33 @@ then pass=$((pass + 1)); else echo "FAIL: with and without --trace-out, the trac
 printf '{"events": [{"time_us": 1}]}' > "$tmp/bad_trace.json"
 expect 2 "missing key 'action'" -- report "$tmp/bad_trace.json" --memory-viz "$tmp/x.pickle"
 
-# bench optim-state: the documented keys; FRUGAL_CPU_KERNELS=portable switches the quantized kernel.
+# bench optim-state: the documented keys; FRUGAL_CPU_KERNELS=portable switches the quantized and dense kernels.
 for kernel in portable automatic; do
   FRUGAL_CPU_KERNELS=$kernel expect 0 "" -- bench optim-state --params 16384 --runs 1 --json-out "$tmp/state_$kernel.json"
   if python3 - "$tmp/state_$kernel.json" "$kernel" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["benchmark"] == "optim-state" and d["params_timed"] == 16384
-has_avx2 = " avx2 " in open("/proc/cpuinfo").read().replace("\n", " ")
-expected = "avx2" if sys.argv[2] == "automatic" and has_avx2 else "portable"
+flags = set(open("/proc/cpuinfo").read().split())
+automatic = sys.argv[2] == "automatic"
+expected = "avx2" if automatic and "avx2" in flags else "portable"
 assert d["quantized_kernel"] == expected, (d["quantized_kernel"], expected)
+dense = "avx512" if "avx512f" in flags and "avx2" in flags and "fma" in flags else "avx2" if "avx2" in flags and "fma" in flags else "portable"
+assert d["dense_kernel"] == (dense if automatic else "portable"), d["dense_kernel"]
+assert isinstance(d["adam_dense_kernel"], bool) and isinstance(d["sgd_dense_kernel"], bool), d
+assert d["threads"] >= 1 and d["copy_bytes"] == 256 << 20 and d["copy_bandwidth_gbs"] > 0, d
 p = d["precisions"]
 assert set(p) == {"fp32", "bf16", "int8", "int4"}
 bounds = {"fp32": (8, 8), "bf16": (4, 4), "int8": (2, 2.05), "int4": (1, 1.1)}
 for name, (lo, hi) in bounds.items():
-    assert lo <= p[name]["bytes_per_param"] <= hi, (name, p[name]["bytes_per_param"])
-    assert p[name]["step_time_ratio_vs_fp32"] > 0
+    r = p[name]
+    assert lo <= r["bytes_per_param"] <= hi, (name, r["bytes_per_param"])
+    assert r["step_time_ratio_vs_fp32"] > 0
+    # fp32 parameter read and written, fp32 gradient read, both moments' state read and written
+    assert abs(r["bytes_moved_per_param"] - (12 + 2 * r["bytes_per_param"])) < 1e-9, (name, r)
+    assert abs(r["ns_per_param"] - r["step_time_s"] * 1e9 / d["params_timed"]) < 1e-6 * r["ns_per_param"], (name, r)
+    assert abs(r["achieved_gbs"] - r["bytes_moved_per_param"] / r["ns_per_param"]) < 1e-6 * r["achieved_gbs"], (name, r)
+    assert abs(r["fraction_of_copy_bandwidth"] - r["achieved_gbs"] / d["copy_bandwidth_gbs"]) < 1e-9, (name, r)
 PY
   then pass=$((pass + 1)); else echo "FAIL: bench optim-state JSON ($kernel kernel)"; failed=$((failed + 1)); fi
 done

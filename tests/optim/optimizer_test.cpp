@@ -12,6 +12,7 @@
 #include "frugal/models/transformer_block.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/schedule.h"
+#include "frugal/optim/update.h"
 
 using namespace frugal;
 using optim::Algorithm;
@@ -60,6 +61,25 @@ void train(Model& model, optim::Optimizer& opt, const std::vector<at::Tensor>& d
   }
 }
 
+std::vector<at::Tensor> in_dtype(const std::vector<at::Tensor>& data, at::ScalarType dtype) {
+  std::vector<at::Tensor> out;
+  for (const auto& x : data) out.push_back(x.to(dtype));
+  return out;
+}
+
+// How far frugal's parameters may be from torch::optim's after a short training run. fp64 takes
+// ATen's operations, and so does fp32 where the fused CPU kernel is not taken: the same bits (the
+// bound only absorbs nothing). fp32 Adam(W) with the kernel gives torch::optim's bits where
+// LibTorch's sqrt is correctly rounded (1.13); with 2.15's MKL sqrt each step may differ by an ulp,
+// which Adam's sign-like step turns into lr-sized moves of near-zero-gradient values over a run, as
+// PyTorch's own fused=True AdamW does against its for-loop one (3.6e-3 after 20 steps on a model of
+// this kind). Measured here: 1.8e-3 (20 steps, lr 1e-2) and 6.5e-4 (param groups). Bound: 5e-3.
+double torch_optim_tolerance(Algorithm algorithm, at::ScalarType dtype) {
+  const bool kernel_ulps = dtype == at::kFloat && algorithm != Algorithm::sgd && optim::adam_takes_dense_kernel() &&
+                           !optim::adam_kernel_gives_aten_bits();
+  return kernel_ulps ? 5e-3 : 1e-6;
+}
+
 void train_reference(Model& model, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& data) {
   for (const auto& x : data) {
     opt.zero_grad();
@@ -100,14 +120,17 @@ TEST(Optimizer, UpdatesEqualTorchOptimAfter20Steps) {
   };
   for (auto& c : cases) {
     for (Mode mode : {Mode::standard, Mode::in_backward}) {
-      SCOPED_TRACE(std::string(c.name) + " " + optim::mode_name(mode));
-      Model ours(2, 32, 3), ref(2, 32, 3);
-      optim::Optimizer opt(ours.named_parameters(), c.ours.mode(mode));
-      auto reference = c.reference(ref.parameters());
-      train(ours, opt, data);
-      train_reference(ref, *reference, data);
-      EXPECT_LE(max_param_diff(ours, ref), 1e-6);
-      EXPECT_GT(max_param_diff(ours, *std::make_shared<Model>(2, 32, 3)), 1e-3);  // it did train
+      for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+        SCOPED_TRACE(std::string(c.name) + " " + optim::mode_name(mode) + " " + c10::toString(dtype));
+        Model ours(2, 32, 3), ref(2, 32, 3), start(2, 32, 3);
+        for (Model* m : {&ours, &ref, &start}) m->to(dtype);
+        optim::Optimizer opt(ours.named_parameters(), c.ours.mode(mode));
+        auto reference = c.reference(ref.parameters());
+        train(ours, opt, in_dtype(data, dtype));
+        train_reference(ref, *reference, in_dtype(data, dtype));
+        EXPECT_LE(max_param_diff(ours, ref), torch_optim_tolerance(c.ours.algorithm(), dtype));
+        EXPECT_GT(max_param_diff(ours, start), 1e-3);  // it did train
+      }
     }
   }
 }
@@ -163,7 +186,7 @@ TEST(Optimizer, ParamGroupsHaveTheirOwnLrAndWeightDecay) {
                                        torch::optim::AdamWOptions(5e-3).weight_decay(0.0)));
     torch::optim::AdamW reference(groups);
     train_reference(r, reference, data);
-    EXPECT_LE(max_param_diff(m, r), 1e-6) << optim::mode_name(mode);
+    EXPECT_LE(max_param_diff(m, r), torch_optim_tolerance(Algorithm::adamw, at::kFloat)) << optim::mode_name(mode);
   }
 }
 

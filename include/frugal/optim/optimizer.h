@@ -184,8 +184,8 @@ class Optimizer {
 // allocates it (with StateBuffer's block and small-tensor rules), and how many of them live in
 // mapped files (mmap placement).
 StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, const OptimizerOptions& options);
-// Temporaries one parameter's update holds at its peak: none for the fused CPU kernel of 8- and
-// 4-bit state; otherwise the streamed (buffered) update works a chunk of values at a time in fp32
+// Temporaries one parameter's update holds at its peak: none for the fused CPU kernels (8- and
+// 4-bit state; fp32 and bf16 state, update.h's uses_dense_kernel); otherwise the streamed (buffered) update works a chunk of values at a time in fp32
 // (parameter, gradient, both moments, rounding noise), and the plain update makes parameter-sized
 // temporaries (the denominator and the step).
 int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device device, const OptimizerOptions& options);

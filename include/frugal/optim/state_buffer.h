@@ -82,6 +82,9 @@ class StateBuffer {
   int64_t bytes() const;
   // The quantized form (8- and 4-bit precisions), for fused kernels; nullptr otherwise.
   QuantizedBuffer* quantized() { return quantized_.get(); }
+  // The fp32 or bf16 values (flat, numel() of them, on the state's place: the device, host memory
+  // or a mapped file), for fused kernels that step on them in place; undefined when quantized.
+  const at::Tensor& dense() const { return dense_; }
 
   // Saved as "<prefix>" (fp32/bf16, the parameter's shape) or "<prefix>.codes" + "<prefix>.absmax":
   // views of the live state on its device, not copies.

@@ -41,6 +41,35 @@ inline bool uses_fused_kernel(at::ScalarType param_dtype, at::Device device) {
          (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
 }
 
+// Whether Adam(W) takes the fused dense CPU step (one pass over parameter, gradient and moments, no
+// temporaries) in this process: where LibTorch's own add and addcmul end in one fused multiply-add,
+// as the kernel's do (processors with FMA, both builds here), so the kernel does ATen's arithmetic
+// operation for operation. adam_kernel_gives_aten_bits: and where LibTorch's fp32 sqrt is also
+// correctly rounded as the kernel's is (Debian's 1.13), the kernel gives torch::optim's bits.
+// PyPI's 2.x wheel takes MKL's vector sqrt, an ulp off the nearest for about a sixth of values; there
+// the kernel's step is within an ulp of torch::optim's, as PyTorch's own fused=True AdamW is of its
+// for-loop AdamW (Adam's step, nearly the sign of m where gradients are small, carries such ulps into
+// lr-sized differences over a run: 3.6e-3 between PyTorch 2.15's fused and for-loop AdamW on a
+// two-block Transformer after 20 steps). sgd_takes_dense_kernel: SGD has no sqrt and needs the fused
+// add only, so it gives torch::optim's bits wherever it is taken.
+bool adam_takes_dense_kernel();
+bool adam_kernel_gives_aten_bits();
+bool sgd_takes_dense_kernel();
+
+// Whether Adam(W) of a parameter of this dtype and device takes that step: fp32 parameters with
+// plain fp32 moments, and fp32 or bf16 parameters whose buffered moments are fp32 or bf16
+// (`effective`: the StateBuffers' precision), for contiguous CPU tensors.
+inline bool uses_dense_kernel(at::ScalarType param_dtype, at::Device device, bool buffered, StatePrecision effective) {
+  if (!device.is_cpu() || !adam_takes_dense_kernel()) return false;
+  if (!buffered) return param_dtype == at::kFloat;
+  return (effective == StatePrecision::fp32 || effective == StatePrecision::bf16) &&
+         (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
+}
+
+// The instruction set of the fused dense CPU steps of Adam(W) and SGD on this processor: "avx512",
+// "avx2" or "portable" (FRUGAL_CPU_KERNELS=portable forces the last, =avx2 stops at AVX2).
+const char* dense_cpu_kernel();
+
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;
   double lr = 1e-3;
