@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """frugal side by side with PyTorch 2.x's own tools, on this machine, in one run.
 
-Three comparisons, each run first in frugal (``frugal bench NAME --json-out``) and then in PyTorch
+Four comparisons, each run first in frugal (``frugal bench NAME --json-out``) and then in PyTorch
 on the shapes, thread count and repetitions frugal's JSON reports:
 
 1. checkpoint: bytes kept between forward and backward, and forward+backward time, per
@@ -14,6 +14,17 @@ on the shapes, thread count and repetitions frugal's JSON reports:
 3. chunked-loss: peak bytes and time of frugal's chunked cross-entropy against
    ``F.cross_entropy`` on full logits and against a chunked loss built from PyTorch's own parts
    (each chunk's Linear + cross-entropy under non-reentrant checkpointing).
+4. optim-state: the time of one AdamW step per parameter on ``frugal bench optim-state``'s work
+   (2048-wide fp32 matrices, fresh gradients, the median of the timed steps), frugal's fp32, bf16,
+   8-bit and 4-bit state against ``torch.optim.AdamW`` with ``fused=True`` and ``foreach=True``.
+   Also in 2.: PyTorch's step with ``fused=True`` AdamW, after and inside backward.
+5. whole-step (``--whole-step``; heavy, minutes): a recipe's model (default: the default recipe's
+   Llama) trained by PyTorch through ``transformers``' LlamaForCausalLM (sdpa attention) in eager
+   fp32 with foreach and with fused AdamW, eager bf16 autocast, and ``torch.compile`` (inductor)
+   fp32 and bf16, beside ``frugal bench train``'s four corners (fp32/bf16 products, techniques
+   off/on). Each PyTorch variant and each frugal corner also runs in a process of its own for its
+   peak resident memory (VmHWM, from wait4); PyTorch's allocator peak of one step is counted as in 1.
+   Rounds are interleaved and each figure is the median over rounds; compile time is reported apart.
 
 How PyTorch's bytes are measured. frugal's tracker observes every allocation and free that c10's
 allocators report (``c10::reportMemoryUsageToProfiler`` to the reporter on the thread's
@@ -52,9 +63,11 @@ QUICK = {
     "checkpoint": ["--layers", "6", "--width", "32", "--heads", "2", "--batch", "2", "--seq", "16"],
     "optim-in-backward": ["--layers", "2", "--width", "32", "--heads", "2", "--batch", "1", "--seq", "16"],
     "chunked-loss": ["--tokens", "256", "--hidden", "32", "--vocab", "500", "--chunk", "64"],
+    "optim-state": ["--params", "65536"],
 }
 # frugal's own defaults for the timed repetitions of each benchmark (frugal bench NAME --help)
-DEFAULT_RUNS = {"checkpoint": 9, "optim-in-backward": 5, "chunked-loss": 3}
+DEFAULT_RUNS = {"checkpoint": 9, "optim-in-backward": 5, "chunked-loss": 3, "optim-state": 5}
+OPTIM_STATE_WIDTH = 2048  # bench optim-state's matrices: OPTIM_STATE_WIDTH wide, as many rows as fit
 POLICIES = ("none", "full", "every_2", "selective")
 # Bytes kept without checkpointing must agree within this fraction (checked by --check).
 NONE_KEPT_TOLERANCE = 0.001
@@ -260,21 +273,25 @@ def pytorch_optim_in_backward(cfg: dict, memory_steps: int = 3) -> dict:
     opt = torch.optim.AdamW(standard.parameters(), **options)
     # PyTorch's tutorial: one optimizer per parameter, stepped as soon as its gradient is accumulated
     per_param = {p: torch.optim.AdamW([p], foreach=False, **options) for p in in_backward.parameters()}
+    # the same two with PyTorch's fused CPU AdamW kernel (one pass over each parameter's state)
+    standard_fused, in_backward_fused = copy.deepcopy(standard), copy.deepcopy(standard)
+    opt_fused = torch.optim.AdamW(standard_fused.parameters(), fused=True, **options)
+    per_param.update({p: torch.optim.AdamW([p], fused=True, **options) for p in in_backward_fused.parameters()})
 
     def step_and_free(p):
         per_param[p].step()
         per_param[p].zero_grad(set_to_none=True)
 
-    for p in in_backward.parameters():
+    for p in [*in_backward.parameters(), *in_backward_fused.parameters()]:
         p.register_post_accumulate_grad_hook(step_and_free)
 
-    def step_standard(x):
-        run_chain(standard, x, cfg["policy"]).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def step_standard(x, model=standard, optimizer=opt):
+        run_chain(model, x, cfg["policy"]).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
-    def step_in_backward(x):
-        run_chain(in_backward, x, cfg["policy"]).pow(2).mean().backward()
+    def step_in_backward(x, model=in_backward):
+        run_chain(model, x, cfg["policy"]).pow(2).mean().backward()
 
     def steady_peak(step):
         # tracked from before the first step (which creates the optimizer state), as frugal's tracker
@@ -286,24 +303,215 @@ def pytorch_optim_in_backward(cfg: dict, memory_steps: int = 3) -> dict:
         return w.peak(since_mark="step1")
 
     out = {"peak_bytes_standard": steady_peak(step_standard), "peak_bytes_in_backward": steady_peak(step_in_backward)}
-    ts, tb = [], []
-    for i in range(runs + 1):  # interleaved as frugal times them; the first pair warms up
+    steps = {"standard": step_standard, "in_backward": step_in_backward,
+             "standard_fused": functools.partial(step_standard, model=standard_fused, optimizer=opt_fused),
+             "in_backward_fused": functools.partial(step_in_backward, model=in_backward_fused)}
+    times = {k: [] for k in steps}
+    for i in range(runs + 1):  # interleaved as frugal times them; the first round warms up
         x = batches[memory_steps + i]
-        t0 = time.perf_counter()
-        step_standard(x)
-        t1 = time.perf_counter()
-        step_in_backward(x)
-        t2 = time.perf_counter()
-        if i > 0:
-            ts.append(t1 - t0)
-            tb.append(t2 - t1)
-    out["time_s_standard"] = statistics.median(ts)
-    out["time_s_in_backward"] = statistics.median(tb)
+        for k, step in steps.items():
+            t0 = time.perf_counter()
+            step(x)
+            if i > 0:
+                times[k].append(time.perf_counter() - t0)
+    for k, t in times.items():
+        out[f"time_s_{k}"] = statistics.median(t)
     out["max_param_diff"] = max((a - b).abs().max().item()
                                 for a, b in zip(standard.parameters(), in_backward.parameters()))
     out["adamw_state_bytes"] = sum(t.numel() * t.element_size() for st in opt.state.values()
                                    for t in st.values() if torch.is_tensor(t))
     return out
+
+
+def pytorch_optim_state(params_timed: int, runs: int) -> dict:
+    """One AdamW step on bench optim-state's work: ns per parameter, median of `runs` steps after a
+    first (which makes the state), fused and foreach, with fresh random gradients each step."""
+    rows = params_timed // OPTIM_STATE_WIDTH
+    sizes = [OPTIM_STATE_WIDTH] * (rows // OPTIM_STATE_WIDTH)
+    if rows % OPTIM_STATE_WIDTH or not sizes:
+        sizes[-1:] = [sizes[-1] + rows % OPTIM_STATE_WIDTH] if sizes else [rows]
+    out = {"params_timed": rows * OPTIM_STATE_WIDTH}
+    for name, kind in (("fused", dict(fused=True)), ("foreach", dict(foreach=True))):
+        torch.manual_seed(0)
+        weights = [torch.randn(r, OPTIM_STATE_WIDTH, requires_grad=True) for r in sizes]
+        opt = torch.optim.AdamW(weights, lr=1e-3, weight_decay=0.01, **kind)
+        times = []
+        for r in range(runs + 1):
+            for w in weights:
+                w.grad = torch.randn_like(w)
+            t0 = time.perf_counter()
+            opt.step()
+            if r > 0:
+                times.append(time.perf_counter() - t0)
+            opt.zero_grad(set_to_none=True)
+        out[f"ns_per_param_{name}"] = statistics.median(times) * 1e9 / out["params_timed"]
+        del weights, opt
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole training step: a recipe's model in PyTorch (transformers' Llama) and in frugal.
+
+WHOLE_STEP_VARIANTS = {  # name: (compiled, bf16 autocast, AdamW implementation)
+    "eager_fp32_foreach": (False, False, "foreach"),
+    "eager_fp32_fused": (False, False, "fused"),
+    "eager_bf16_fused": (False, True, "fused"),
+    "compiled_fp32_fused": (True, False, "fused"),
+    "compiled_bf16_fused": (True, True, "fused"),
+}
+# frugal's corners: the recipe as it is (techniques on) and train::without_techniques's keys (off),
+# each with fp32 and with bf16 matrix products
+TECHNIQUES_OFF = ["memory.checkpointing=none", "memory.activation_budget=0", "memory.chunked_loss=false",
+                  "optimizer.in_backward=false", "optimizer.state_precision=fp32", "optimizer.state_placement=device",
+                  "optimizer.stochastic_rounding=false"]
+FRUGAL_CORNERS = {
+    "fp32_all_off": TECHNIQUES_OFF + ["model.compute_dtype=fp32"],
+    "bf16_all_off": TECHNIQUES_OFF + ["model.compute_dtype=bf16"],
+    "fp32_all_on": ["model.compute_dtype=fp32"],
+    "bf16_all_on": ["model.compute_dtype=bf16"],
+}
+QUICK_WHOLE_STEP = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim=176",
+                    "train.batch_size=2", "train.seq_len=32", "memory.activation_budget=0"]
+
+
+def recipe_values(recipe_path: Path, overrides: list[str]) -> dict:
+    """The recipe's model, batch and optimizer keys with section.key=value overrides applied."""
+    import yaml
+    r = yaml.safe_load(recipe_path.read_text())
+    for o in overrides:
+        key, _, value = o.partition("=")
+        section, _, name = key.partition(".")
+        r.setdefault(section, {})[name] = yaml.safe_load(value)
+    m, t, o, d = r["model"], r["train"], r.get("optimizer", {}), r.get("data", {})
+    out_dir = Path(t.get("out_dir", "out"))  # where frugal keeps the recipe's tokenizer and tokens
+    if m.get("arch", "llama") != "llama" or not m.get("vocab_size"):
+        fail(f"--whole-step needs a llama recipe with its vocab_size set ({recipe_path})")
+    return {"vocab": m["vocab_size"], "dim": m["dim"], "layers": m["n_layers"], "heads": m["n_heads"],
+            "kv_heads": m.get("n_kv_heads", m["n_heads"]), "ffn": m["ffn_dim"], "max_seq": m["max_seq_len"],
+            "tied": bool(m.get("tie_embeddings", False)), "rope_theta": m.get("rope_theta", 10000.0),
+            "norm_eps": m.get("norm_eps", 1e-5), "batch": t["batch_size"], "seq": t["seq_len"],
+            "lr": o.get("lr", 1e-3), "weight_decay": o.get("weight_decay", 0.0),
+            "betas": [o.get("beta1", 0.9), o.get("beta2", 0.999)],
+            "tokenizer": d.get("tokenizer") or str(out_dir / "tokenizer.model"),
+            "tokens": d.get("tokens") or str(out_dir / "corpus.tokens")}
+
+
+def whole_step_child(variant: str, cfg: dict) -> dict:
+    """One PyTorch variant in this process: warm-up, timed steps, one step's allocator peak."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    compiled, bf16, impl = WHOLE_STEP_VARIANTS[variant]
+    torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=cfg["vocab"], hidden_size=cfg["dim"], intermediate_size=cfg["ffn"],
+                         num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                         num_key_value_heads=cfg["kv_heads"], max_position_embeddings=cfg["max_seq"],
+                         tie_word_embeddings=cfg["tied"], rope_theta=cfg["rope_theta"], rms_norm_eps=cfg["norm_eps"])
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=tuple(cfg["betas"]),
+                            weight_decay=cfg["weight_decay"], **{impl: True})
+    forward = torch.compile(model) if compiled else model
+    B, T, V = cfg["batch"], cfg["seq"], cfg["vocab"]
+    batches = [torch.randint(0, V, (B, T + 1)) for _ in range(4)]
+
+    def step(i):
+        ids = batches[i % len(batches)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = forward(input_ids=ids[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, V), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    t0 = time.perf_counter()
+    step(0)  # makes the optimizer state; compiles where compiled
+    first_s = time.perf_counter() - t0
+    step(1)
+    times = []
+    for i in range(cfg["steps"]):
+        t0 = time.perf_counter()
+        step(2 + i)
+        times.append(time.perf_counter() - t0)
+    live = sum(t.numel() * t.element_size() for t in model.parameters())
+    live += sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if torch.is_tensor(t))
+    with AllocationWindow() as w:
+        step(0)
+    median = statistics.median(times)
+    return {"tokens_per_s": B * T / median, "step_s": median, "first_step_s": first_s,
+            "compile_s": max(0.0, first_s - median) if compiled else 0.0, "allocator_peak_bytes": live + w.peak()}
+
+
+def run_measured(cmd: list[str], env: dict) -> tuple[str, int]:
+    """Runs cmd; its standard output and its peak resident bytes (ru_maxrss of wait4, the VmHWM)."""
+    import tempfile
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # reaped here, with its resource usage
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            fail(f"'{' '.join(cmd[:6])} ...' exited with {proc.returncode}: {err.read().strip()[-2000:]}", 1)
+        return out.read(), usage.ru_maxrss * 1024  # KiB on Linux
+
+
+def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, rounds: int, threads: int,
+               out_dir: Path, env: dict) -> dict:
+    """Both sides' whole training step; see the module's description (5.)."""
+    recipe_path = Path(recipe)
+    if not recipe_path.is_file():
+        recipe_path = Path(__file__).resolve().parent.parent / "recipes" / f"{recipe}.yaml"
+    cfg = recipe_values(recipe_path, overrides)
+    cfg.update(steps=steps, threads=threads)
+    pytorch = {v: {"tokens_per_s": [], "peak_rss_bytes": [], "allocator_peak_bytes": [], "compile_s": []}
+               for v in WHOLE_STEP_VARIANTS}
+    rss_frugal = {c: [] for c in FRUGAL_CORNERS}
+    fr_rounds = []
+    for r in range(rounds):
+        # frugal: bench train's four corners (their speeds and tracked peaks), then each corner alone for its RSS
+        fr_rounds.append(run_frugal(frugal, "train", ["--recipe", str(recipe_path), "--steps", str(steps + 2),
+                                                      "--rounds", "1", *overrides], out_dir, env))
+        for corner, keys in FRUGAL_CORNERS.items():
+            run_dir = out_dir / f"whole-step-{corner}"
+            cmd = [frugal, "train", str(recipe_path), *overrides, *keys, f"train.steps={steps + 2}",
+                   f"train.out_dir={run_dir}", "train.checkpoint_interval=0", "train.eval_interval=0",
+                   "train.sample_tokens=0", f"data.tokenizer={cfg['tokenizer']}", f"data.tokens={cfg['tokens']}"]
+            print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+            _, rss = run_measured(cmd, env)
+            rss_frugal[corner].append(rss)
+        for variant in WHOLE_STEP_VARIANTS:
+            print(f"+ PyTorch whole step: {variant} (round {r + 1} of {rounds})", file=sys.stderr, flush=True)
+            out, rss = run_measured([sys.executable, __file__, "--whole-step-child", variant,
+                                     "--whole-step-config", json.dumps(cfg)], env)
+            got = json.loads(out.strip().splitlines()[-1])
+            for k in ("tokens_per_s", "allocator_peak_bytes", "compile_s"):
+                pytorch[variant][k].append(got[k])
+            pytorch[variant]["peak_rss_bytes"].append(rss)
+    med = statistics.median
+    py = {v: {k: med(x) for k, x in d.items()} for v, d in pytorch.items()}
+    fr = {}
+    for corner in FRUGAL_CORNERS:
+        suffix = {"fp32_all_off": "all_off", "bf16_all_off": "all_off_bf16", "fp32_all_on": "all_on",
+                  "bf16_all_on": "all_on_bf16"}[corner]
+        fr[corner] = {"tokens_per_s": med([x[f"tokens_per_s_{suffix}"] for x in fr_rounds]),
+                      "tracked_peak_bytes": med([x[f"peak_bytes_{suffix}"] for x in fr_rounds]),
+                      "peak_rss_bytes": med(rss_frugal[corner])}
+    best_eager_fp32 = max(py["eager_fp32_foreach"]["tokens_per_s"], py["eager_fp32_fused"]["tokens_per_s"])
+    best_fp32 = max(best_eager_fp32, py["compiled_fp32_fused"]["tokens_per_s"])
+    best_bf16 = max(py["eager_bf16_fused"]["tokens_per_s"], py["compiled_bf16_fused"]["tokens_per_s"])
+    ratios = {  # speed ratios: frugal / PyTorch tokens/s (above 1: frugal faster); memory: frugal / PyTorch
+        "fp32_all_off_speed_vs_best_pytorch_fp32": fr["fp32_all_off"]["tokens_per_s"] / best_fp32,
+        "bf16_all_off_speed_vs_best_pytorch_bf16": fr["bf16_all_off"]["tokens_per_s"] / best_bf16,
+        "bf16_all_on_speed_vs_pytorch_eager_bf16": fr["bf16_all_on"]["tokens_per_s"] / py["eager_bf16_fused"]["tokens_per_s"],
+        "bf16_all_on_rss_vs_pytorch_eager_bf16": fr["bf16_all_on"]["peak_rss_bytes"] / py["eager_bf16_fused"]["peak_rss_bytes"],
+        "bf16_all_on_rss_vs_pytorch_eager_fp32": fr["bf16_all_on"]["peak_rss_bytes"] / py["eager_fp32_foreach"]["peak_rss_bytes"],
+        "fp32_all_off_speed_vs_compiled_fp32": fr["fp32_all_off"]["tokens_per_s"] / py["compiled_fp32_fused"]["tokens_per_s"],
+        "bf16_all_off_speed_vs_compiled_bf16": fr["bf16_all_off"]["tokens_per_s"] / py["compiled_bf16_fused"]["tokens_per_s"],
+    }
+    return {"config": {k: cfg[k] for k in cfg}, "recipe": str(recipe_path), "overrides": overrides, "rounds": rounds,
+            "frugal": fr, "pytorch": py, "ratio": ratios}
 
 
 def pytorch_chunked_loss(cfg: dict) -> dict:
@@ -382,8 +590,22 @@ def compare_optim(fr: dict, py: dict) -> dict:
     for side in (frugal, py):
         side["memory_ratio"] = side["peak_bytes_in_backward"] / side["peak_bytes_standard"]
         side["time_ratio"] = side["time_s_in_backward"] / side["time_s_standard"]
-    return {"config": fr["config"], "frugal": frugal, "pytorch": py,
-            "ratio": {k: ratio(frugal[k], py[k]) for k in keys}}
+    r = {k: ratio(frugal[k], py[k]) for k in keys}
+    for mode in ("standard", "in_backward"):  # against PyTorch's fused CPU AdamW in the same place
+        r[f"time_s_{mode}_vs_fused"] = ratio(frugal[f"time_s_{mode}"], py[f"time_s_{mode}_fused"])
+    return {"config": fr["config"], "frugal": frugal, "pytorch": py, "ratio": r}
+
+
+def compare_optim_state(fr: dict, py: dict) -> dict:
+    if fr["params_timed"] != py["params_timed"]:
+        fail(f"optim-state: frugal timed {fr['params_timed']} parameters, PyTorch {py['params_timed']}", 1)
+    frugal = {p: {k: v[k] for k in ("ns_per_param", "bytes_per_param", "bytes_moved_per_param", "achieved_gbs")}
+              for p, v in fr["precisions"].items()}
+    frugal["copy_bandwidth_gbs"] = fr["copy_bandwidth_gbs"]
+    config = {k: fr[k] for k in ("params_timed", "threads", "dense_kernel", "adam_dense_kernel", "quantized_kernel")}
+    return {"config": config, "frugal": frugal, "pytorch": py,
+            "ratio": {f"{p}_vs_fused": ratio(fr["precisions"][p]["ns_per_param"], py["ns_per_param_fused"])
+                      for p in fr["precisions"]}}
 
 
 def compare_loss(fr: dict, py: dict) -> dict:
@@ -418,12 +640,19 @@ def print_table(summary: dict):
                      mib(o["pytorch"][f"peak_bytes_{mode}"]), o["ratio"][f"peak_bytes_{mode}"]))
         rows.append((f"AdamW {mode}: step time", ms(o["frugal"][f"time_s_{mode}"]),
                      ms(o["pytorch"][f"time_s_{mode}"]), o["ratio"][f"time_s_{mode}"]))
+    for mode in ("standard", "in_backward"):
+        rows.append((f"AdamW {mode}: vs fused=True", ms(o["frugal"][f"time_s_{mode}"]),
+                     ms(o["pytorch"][f"time_s_{mode}_fused"]), o["ratio"][f"time_s_{mode}_vs_fused"]))
     lo = summary["chunked_loss"]
     for kind in ("plain", "chunked"):
         rows.append((f"loss {kind}: peak", mib(lo["frugal"][f"peak_bytes_{kind}"]),
                      mib(lo["pytorch"][f"peak_bytes_{kind}"]), lo["ratio"][f"peak_bytes_{kind}"]))
         rows.append((f"loss {kind}: fwd+bwd", ms(lo["frugal"][f"time_s_{kind}"]),
                      ms(lo["pytorch"][f"time_s_{kind}"]), lo["ratio"][f"time_s_{kind}"]))
+    st = summary["optim_state"]
+    for p in ("fp32", "bf16", "int8", "int4"):
+        rows.append((f"AdamW step {p} state: ns/param", f"{st['frugal'][p]['ns_per_param']:.3f}",
+                     f"{st['pytorch']['ns_per_param_fused']:.3f}", st["ratio"][f"{p}_vs_fused"]))
     print(f"{'':34}{'frugal':>14}{'PyTorch':>14}{'frugal/PyTorch':>16}")
     for name, a, b, r in rows:
         print(f"{name:34}{a:>14}{b:>14}{r:>16.3f}")
@@ -433,6 +662,22 @@ def print_table(summary: dict):
     print(f"frugal's chunked loss against PyTorch's plain loss: peak "
           f"{lo['ratio']['frugal_chunked_vs_pytorch_plain_peak']:.3f}, time "
           f"{lo['ratio']['frugal_chunked_vs_pytorch_plain_time']:.3f}")
+    print(f"AdamW step on {st['config']['params_timed']} parameters: PyTorch fused=True "
+          f"{st['pytorch']['ns_per_param_fused']:.3f} ns/param, foreach {st['pytorch']['ns_per_param_foreach']:.3f}; "
+          f"frugal fp32 moves {st['frugal']['fp32']['bytes_moved_per_param']:.0f} B/param at "
+          f"{st['frugal']['fp32']['achieved_gbs']:.1f} GB/s (a copy: {st['frugal']['copy_bandwidth_gbs']:.1f} GB/s), "
+          f"dense kernel {st['config']['dense_kernel']}")
+    if "whole_step" in summary:
+        ws = summary["whole_step"]
+        print(f"\nwhole training step, {ws['recipe']} ({ws['config']['batch']} x {ws['config']['seq']} tokens, "
+              f"median of {ws['rounds']} rounds): tokens/s, process peak RSS, tensors' peak")
+        for name, d in [*(("frugal " + k, v) for k, v in ws["frugal"].items()),
+                        *(("PyTorch " + k, v) for k, v in ws["pytorch"].items())]:
+            tensors = d.get("tracked_peak_bytes", d.get("allocator_peak_bytes"))
+            extra = f", compile {d['compile_s']:.0f} s" if d.get("compile_s") else ""
+            print(f"  {name:30}{d['tokens_per_s']:>10.0f}{mib(d['peak_rss_bytes']):>14}{mib(tensors):>14}{extra}")
+        for k, v in ws["ratio"].items():
+            print(f"  {k}: {v:.3f}")
     print(f"kept bytes without checkpointing by saved_tensors_hooks (the seed's count): "
           f"{c['pytorch']['saved_bytes_hooks']['none']} B, frugal's tracker {c['frugal']['saved_bytes']['none']} B")
 
@@ -440,7 +685,7 @@ def print_table(summary: dict):
 def check(summary: dict) -> list[str]:
     """What the CTest entry asserts: both sides' figures present, kept bytes of the plain run agree."""
     problems = []
-    for name in ("checkpoint", "optim_in_backward", "chunked_loss"):
+    for name in ("checkpoint", "optim_in_backward", "chunked_loss", "optim_state"):
         for side in ("frugal", "pytorch"):
             if not summary.get(name, {}).get(side):
                 problems.append(f"{name}: no {side} figures")
@@ -451,7 +696,7 @@ def check(summary: dict) -> list[str]:
         for v in d.values():
             yield from (numbers(v) if isinstance(v, dict) else [v])
 
-    for name in ("checkpoint", "optim_in_backward", "chunked_loss"):
+    for name in ("checkpoint", "optim_in_backward", "chunked_loss", "optim_state"):
         for side in ("frugal", "pytorch"):
             bad = [v for v in numbers(summary[name][side]) if not isinstance(v, (int, float)) or v < 0]
             if bad:
@@ -478,7 +723,20 @@ def main(argv=None):
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 unless both sides have figures and the kept bytes without checkpointing "
                              f"agree within {NONE_KEPT_TOLERANCE:.1%}")
+    parser.add_argument("--whole-step", action="store_true",
+                        help="also compare whole training steps of a recipe's model (heavy: minutes; see 5. above)")
+    parser.add_argument("--recipe", default="default", help="the recipe for --whole-step (a file or a shipped name)")
+    parser.add_argument("--whole-step-steps", type=int, default=6, help="timed steps per whole-step run")
+    parser.add_argument("--whole-step-rounds", type=int, default=3, help="interleaved rounds of every whole-step run")
+    parser.add_argument("--whole-step-child", help=argparse.SUPPRESS)
+    parser.add_argument("--whole-step-config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.whole_step_child:  # one PyTorch variant, in a process of its own (see whole_step)
+        import_torch()
+        print(json.dumps(whole_step_child(args.whole_step_child, json.loads(args.whole_step_config))))
+        return 0
+    if args.whole_step_steps < 1 or args.whole_step_rounds < 1:
+        fail("--whole-step-steps and --whole-step-rounds must be at least 1")
     if args.runs is not None and args.runs < 1:
         fail(f"--runs must be at least 1, got {args.runs}")
     if args.threads is not None and args.threads < 1:
@@ -519,6 +777,17 @@ def main(argv=None):
     fr, cfg = frugal_bench("chunked-loss")
     print("+ PyTorch: plain and chunked cross-entropy", file=sys.stderr, flush=True)
     summary["chunked_loss"] = compare_loss(fr, pytorch_chunked_loss(cfg))
+    runs = args.runs or (1 if args.quick else DEFAULT_RUNS["optim-state"])
+    fr = run_frugal(args.frugal, "optim-state", (QUICK["optim-state"] if args.quick else []) + ["--runs", str(runs)],
+                    out_dir, env)
+    torch.set_num_threads(fr["threads"])
+    print("+ PyTorch: AdamW step, fused and foreach", file=sys.stderr, flush=True)
+    summary["optim_state"] = compare_optim_state(fr, pytorch_optim_state(fr["params_timed"], runs))
+    if args.whole_step:
+        print("+ whole training steps, frugal and PyTorch", file=sys.stderr, flush=True)
+        summary["whole_step"] = whole_step(args.frugal, args.recipe, QUICK_WHOLE_STEP if args.quick else [],
+                                           1 if args.quick else args.whole_step_steps,
+                                           1 if args.quick else args.whole_step_rounds, fr["threads"], out_dir, env)
     summary["threads"] = torch.get_num_threads()
     summary["ratios_are"] = "frugal / PyTorch (below 1: frugal uses fewer bytes or less time)"
 

@@ -153,7 +153,8 @@ TEST(Recipe, RefusesYamlThatExpandsWithoutBound) {
   // "Billion laughs": 9 levels of 9 aliases each, under a kilobyte of text, 9^9 values walked.
   std::string laughs = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n";
   for (int i = 1; i < 9; ++i) {
-    laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    const std::string n = std::to_string(i);
+    laughs.append("l").append(n).append(": &l").append(n).append(" [");
     for (int k = 0; k < 9; ++k) laughs.append(k ? ", *l" : "*l").append(std::to_string(i - 1));
     laughs += "]\n";
   }
