@@ -476,14 +476,14 @@ def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, round
         for corner, keys in FRUGAL_CORNERS.items():
             run_dir = out_dir / f"whole-step-{corner}"
             cmd = [frugal, "train", str(recipe_path), *overrides, *keys, f"train.steps={steps + 2}",
-                   f"train.out_dir={run_dir}", "train.checkpoint_interval=0", "train.eval_interval=0",
+                   f"train.out_dir={run_dir}", "train.checkpoint_interval=0", "train.eval_interval=0", "schedule.warmup_steps=1",
                    "train.sample_tokens=0", f"data.tokenizer={cfg['tokenizer']}", f"data.tokens={cfg['tokens']}"]
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
             _, rss = run_measured(cmd, env)
             rss_frugal[corner].append(rss)
         for variant in WHOLE_STEP_VARIANTS:
             print(f"+ PyTorch whole step: {variant} (round {r + 1} of {rounds})", file=sys.stderr, flush=True)
-            out, rss = run_measured([sys.executable, __file__, "--whole-step-child", variant,
+            out, rss = run_measured([sys.executable, __file__, "--frugal", frugal, "--whole-step-child", variant,
                                      "--whole-step-config", json.dumps(cfg)], env)
             got = json.loads(out.strip().splitlines()[-1])
             for k in ("tokens_per_s", "allocator_peak_bytes", "compile_s"):
