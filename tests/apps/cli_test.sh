@@ -611,7 +611,8 @@ for name, (lo, hi) in bounds.items():
     assert abs(r["bytes_moved_per_param"] - (12 + 2 * r["bytes_per_param"])) < 1e-9, (name, r)
     assert abs(r["ns_per_param"] - r["step_time_s"] * 1e9 / d["params_timed"]) < 1e-6 * r["ns_per_param"], (name, r)
     assert abs(r["achieved_gbs"] - r["bytes_moved_per_param"] / r["ns_per_param"]) < 1e-6 * r["achieved_gbs"], (name, r)
-    assert abs(r["fraction_of_copy_bandwidth"] - r["achieved_gbs"] / d["copy_bandwidth_gbs"]) < 1e-9, (name, r)
+    # relative: the JSON keeps 10 significant digits, and 16K parameters fit in cache (several times a copy's GB/s)
+    assert abs(r["fraction_of_copy_bandwidth"] - r["achieved_gbs"] / d["copy_bandwidth_gbs"]) < 1e-8 * r["fraction_of_copy_bandwidth"], (name, r)
 PY
   then pass=$((pass + 1)); else echo "FAIL: bench optim-state JSON ($kernel kernel)"; failed=$((failed + 1)); fi
 done
