@@ -179,8 +179,9 @@ bool avx512_quant_supported() {
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which it then reports as maybe
 // uninitialized wherever they are inlined (a false positive of GCC 12, gone in later releases).
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
 namespace {
 
