@@ -93,8 +93,9 @@ int bench_optim_state(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     copy_gbs = 2.0 * static_cast<double>(copy_bytes) / times[times.size() / 2] / 1e9;
   }
-  std::fprintf(stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); dense kernel %s%s\n",
-               copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(), optim::dense_cpu_kernel(),
+  std::fprintf(stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); quantized kernel %s; dense kernel %s%s\n",
+               copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(),
+               optim::quant_kernel_name(optim::quant_kernel_chosen()), optim::dense_cpu_kernel(),
                !optim::adam_takes_dense_kernel()        ? " (not for Adam(W) here: LibTorch's multiply-adds are not fused, so it keeps ATen's operations)"
                : optim::adam_kernel_gives_aten_bits() ? " (Adam(W): torch::optim's bits)"
                                                       : " (Adam(W): within an ulp a step of torch::optim, whose sqrt here is MKL's)");
@@ -171,7 +172,7 @@ int bench_optim_state(int argc, char** argv) {
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(rows * width).key("steps").value(steps);
-  w.key("quantized_kernel").value(optim::quant_kernel_vectorized() ? "avx2" : "portable");
+  w.key("quantized_kernel").value(optim::quant_kernel_name(optim::quant_kernel_chosen()));
   w.key("dense_kernel").value(optim::dense_cpu_kernel()).key("adam_dense_kernel").value(optim::adam_takes_dense_kernel());
   w.key("adam_dense_kernel_aten_bits").value(optim::adam_kernel_gives_aten_bits());
   w.key("sgd_dense_kernel").value(optim::sgd_takes_dense_kernel());

@@ -1,6 +1,7 @@
 #include "frugal/optim/quantize.h"
 
 #include "adam_scalars.h"
+#include "quantize_kernel.h"
 
 #include "frugal/memory/tracker.h"
 
@@ -211,23 +212,6 @@ namespace frugal {
 namespace optim {
 namespace {
 
-// Everything one block of the fused step needs: the step's constants in fp32 and the buffers.
-struct BlockStep {
-  float b1, b2, one_b1, one_b2, eps, wd, decay, sqrt_bc2, step;
-  bool decoupled;
-  float* p;        // the parameter's elements [begin, end), when fp32 (else null)
-  const float* g;  // its gradient, the same range, when fp32 (else null)
-  uint16_t* pb = nullptr;        // the parameter's elements as bf16 bits, when bf16
-  const uint16_t* gb = nullptr;  // the gradient's, when bf16
-  bool stochastic = false;       // bf16 parameter: stochastic rounding with `seed`
-  uint64_t seed = 0;
-  int64_t begin, numel, block;
-  uint8_t *mc, *vc;  // codes
-  float *ma, *va;    // block scales
-  const float *mmap, *vmap, *mb, *vb;
-  const uint8_t *mlut, *vlut;
-};
-
 // The code of the map entry nearest x (already normalized to [-1, 1]), as searchsorted over the
 // midpoints gives it: the table's code for the lowest value of x's cell, plus one if x is above the
 // one midpoint the cell may hold.
@@ -238,10 +222,17 @@ inline uint8_t nearest_code(float x, const uint8_t* lut, const float* boundaries
   return static_cast<uint8_t>(code + (boundaries[code] < x));  // boundaries[last code] is +inf
 }
 
-// The three parts of a block's step. Table look-ups are plain loads: on the processors we measured
-// (AMD EPYC) vector gathers were slower than scalar loads, so the look-ups stay scalar and only the
-// arithmetic is vectorised. The AVX2 arithmetic below does the same fp32 operations in the same
-// order as the portable one, so both give identical bits.
+// The fused step has three paths, all doing the same fp32 operations in the same order (this file
+// and quantize_avx512.cpp are compiled with -ffp-contract=off, so no multiply-add is fused behind
+// our back) and finding the same codes, so they give identical bits:
+//   portable  per block, decode (map[code], scalar loads), update (a loop the compiler vectorises
+//             for the build's target), encode (nearest_code: the 17-bit table, scalar loads).
+//   AVX2      the same, with the update and the 4-bit unpacking and packing in AVX2. The look-ups
+//             stay scalar: on AMD Zen 4 (EPYC) a 16-lane gather is slower than 16 scalar loads
+//             (8-bit decode 0.34 against 0.29 ns a value, the 17-bit table's encode 1.1 against
+//             0.7 ns), and 8-lane ones fare no better.
+//   AVX-512   quantize_avx512.cpp: the code maps in registers, looked up by permutes, 64 values at
+//             a time, decode, update and encode fused and pipelined across blocks.
 
 // Codes (one byte each; 4-bit codes unpacked first) to values of the map, before scaling.
 __attribute__((noinline)) void decode_block(const uint8_t* codes, const float* map, float* out, int64_t count) {
@@ -388,16 +379,6 @@ FRUGAL_AVX2 void pack_nibbles_avx2(const uint8_t* codes, uint8_t* packed, int64_
   }
 }
 
-// FRUGAL_CPU_KERNELS=portable turns the AVX2 kernel off (to measure or test the portable one on
-// a machine that has AVX2), as ATEN_CPU_CAPABILITY does for ATen's kernels.
-bool cpu_has_avx2() {
-  static const bool has = [] {
-    const char* choice = std::getenv("FRUGAL_CPU_KERNELS");
-    if (choice && std::string(choice) == "portable") return false;
-    return static_cast<bool>(__builtin_cpu_supports("avx2"));
-  }();
-  return has;
-}
 #endif
 
 // bf16 <-> fp32 for the fused step. bf16 is the top half of fp32's bits, so widening is a shift.
@@ -446,7 +427,25 @@ __attribute__((target("avx2"))) void narrow_bf16_avx2(const float* in, uint16_t*
 }
 #endif
 
-// One block: decode, update, encode. `vector`: a full block on a processor with AVX2.
+// What this processor can run. The environment variable FRUGAL_CPU_KERNELS=portable forces the
+// portable path and =avx2 stops at AVX2 (to measure or test them on a machine that has more), as
+// ATEN_CPU_CAPABILITY does for ATen's kernels.
+bool cpu_supports(QuantKernel k) {
+#if FRUGAL_X86_KERNELS
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return k == QuantKernel::portable || (k == QuantKernel::avx2 && avx2) || (k == QuantKernel::avx512 && avx2 && avx512_quant_supported());
+#else
+  return k == QuantKernel::portable;
+#endif
+}
+
+QuantKernel resolve(QuantKernel k) {
+  if (k == QuantKernel::automatic) return quant_kernel_chosen();
+  TORCH_CHECK(cpu_supports(k), "the ", quant_kernel_name(k), " quantized-state kernel needs a processor that has it");
+  return k;
+}
+
+// One block: decode, update, encode. `vector`: a full block of the AVX2 path.
 template <int Bits>
 void adam_block(const BlockStep& step, int64_t b, bool vector) {
   const int64_t block = step.block, base = b * block, count = std::min(block, step.numel - base);
@@ -516,15 +515,18 @@ void adam_block(const BlockStep& step, int64_t b, bool vector) {
 }
 
 template <int Bits>
-void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel kernel) {
-#if FRUGAL_X86_KERNELS
-  const bool avx2 = kernel == QuantKernel::automatic && cpu_has_avx2() && s.block % 32 == 0;
-#else
-  const bool avx2 = false;
-  (void)kernel;
-#endif
+void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel k) {
+  // Whole blocks are [first, whole); a short last block takes the portable path.
+  const int64_t whole = std::min(last, s.numel / s.block);
+  const bool avx512 = k == QuantKernel::avx512 && s.block % 64 == 0 && s.m512 && s.v512;
+  const bool avx2 = (k == QuantKernel::avx2 || (k == QuantKernel::avx512 && !avx512)) && s.block % 32 == 0;
   at::parallel_for(first, last, 64, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) adam_block<Bits>(s, b, avx2 && (b + 1) * s.block <= s.numel);
+    int64_t b = b0;
+    if (avx512 && b < std::min(b1, whole)) {
+      adam_blocks_avx512(s, b, std::min(b1, whole));
+      b = std::min(b1, whole);
+    }
+    for (; b < b1; ++b) adam_block<Bits>(s, b, avx2 && b < whole);
   });
 }
 
@@ -549,23 +551,46 @@ void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, Quanti
   s.vb = v.lut_boundary_data();
   s.mlut = m.lut();
   s.vlut = v.lut();
+  s.bits = m.bits();
+  const QuantKernel k = resolve(kernel);
+  if (k == QuantKernel::avx512) {
+    s.m512 = avx512_code_tables(s.mmap, s.mb, m.bits(), m.is_signed());
+    s.v512 = avx512_code_tables(s.vmap, s.vb, v.bits(), v.is_signed());
+  }
   const int64_t first = begin / s.block, last = (end + s.block - 1) / s.block;
   if (m.bits() == 8) {
-    adam_blocks<8>(s, first, last, kernel);
+    adam_blocks<8>(s, first, last, k);
   } else {
-    adam_blocks<4>(s, first, last, kernel);
+    adam_blocks<4>(s, first, last, k);
   }
 }
 
 }  // namespace
 
-bool quant_kernel_vectorized() {
-#if FRUGAL_X86_KERNELS
-  return cpu_has_avx2();
-#else
-  return false;
-#endif
+const char* quant_kernel_name(QuantKernel k) {
+  switch (k) {
+    case QuantKernel::automatic: return "automatic";
+    case QuantKernel::portable: return "portable";
+    case QuantKernel::avx2: return "avx2";
+    case QuantKernel::avx512: return "avx512";
+  }
+  return "automatic";
 }
+
+bool quant_kernel_supported(QuantKernel k) { return k == QuantKernel::automatic || cpu_supports(k); }
+
+QuantKernel quant_kernel_chosen() {
+  static const QuantKernel chosen = [] {
+    const char* env = std::getenv("FRUGAL_CPU_KERNELS");
+    const std::string choice = env ? env : "";
+    if (choice == "portable") return QuantKernel::portable;
+    if (choice != "avx2" && cpu_supports(QuantKernel::avx512)) return QuantKernel::avx512;
+    return cpu_supports(QuantKernel::avx2) ? QuantKernel::avx2 : QuantKernel::portable;
+  }();
+  return chosen;
+}
+
+bool quant_kernel_vectorized() { return quant_kernel_chosen() != QuantKernel::portable; }
 
 void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
                              int64_t begin, int64_t end, QuantKernel kernel) {
