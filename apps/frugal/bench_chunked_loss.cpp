@@ -1,5 +1,5 @@
-// frugal bench chunked-loss — peak memory and time of the chunked cross-entropy against
-// Linear + cross_entropy, and how far apart their gradients are.
+// frugal bench chunked-loss — peak memory and time of the chunked cross-entropy against the plain
+// one, and how far their gradients are from ATen's Linear + cross_entropy.
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -19,8 +19,9 @@ int bench_chunked_loss(int argc, char** argv) {
   int64_t runs = config.timing_runs;
   std::string json_out = "-";
   Args args("bench chunked-loss",
-            "Forward+backward of the loss over a final Linear (hidden -> vocabulary), plain and chunked: peak\n"
-            "bytes above the inputs (allocation tracker), median time, and the largest relative gradient gap.");
+            "Forward+backward of the loss over a final Linear (hidden -> vocabulary), plain (the logits made\n"
+            "whole and kept) and chunked: peak bytes above the inputs (allocation tracker), median time, and\n"
+            "the largest relative gap of either's gradients from ATen's Linear + cross_entropy.");
   args.add_int("tokens", &config.tokens, "tokens (rows of hidden states)", 1, int64_t{1} << 24);
   args.add_int("hidden", &config.hidden, "hidden size", 1, int64_t{1} << 24);
   args.add_int("vocab", &config.vocab, "vocabulary size", 2, (int64_t{1} << 31) - 1);

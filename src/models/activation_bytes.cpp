@@ -115,20 +115,12 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   a.head_kept = (BT * (d * e + d * ce + (llama ? 4 : 8))).v;
   // The loss multiplies these without checks: the largest of its products must fit with room.
   (void)(BT * V * 8 + BT * d * 8 + V * d * 8);
-  if (loss.chunked()) {
-    const auto l = loss::chunked_cross_entropy_bytes(BT.v, d.v, V.v, loss.chunk_size(), dtype, compute);
-    a.head_kept = (Size(a.head_kept) + l.kept).v;
-    a.loss_forward_temporary = l.forward_temporary;
-    a.loss_backward_temporary = l.backward_temporary;
-    a.loss_weight_gradient = l.weight_gradient;
-  } else {
-    // Linear -> cross_entropy: the logits (B*T, V) are made in forward, log_softmax keeps its fp32
-    // output; backward makes the gradients of that output and of the logits.
-    a.head_kept = (a.head_kept + BT * V * 4).v;
-    a.loss_forward_temporary = (BT * V * ce).v;
-    a.loss_backward_temporary = (2 * BT * V * 4).v;
-    a.loss_weight_gradient = 0;  // made after the logits' gradients are freed: not live at the loss's peak
-  }
+  const auto l = loss.chunked() ? loss::chunked_cross_entropy_bytes(BT.v, d.v, V.v, loss.chunk_size(), dtype, compute)
+                                 : loss::linear_cross_entropy_bytes(BT.v, d.v, V.v, dtype, compute);
+  a.head_kept = (Size(a.head_kept) + l.kept).v;
+  a.loss_forward_temporary = l.forward_temporary;
+  a.loss_backward_temporary = l.backward_temporary;
+  a.loss_weight_gradient = l.weight_gradient;
   return a;
 }
 

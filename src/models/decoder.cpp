@@ -2,7 +2,6 @@
 
 #include <c10/core/DefaultDtype.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/nn/functional/loss.h>
 
 #include <algorithm>
 #include <cmath>
@@ -628,17 +627,12 @@ at::Tensor DecoderImpl::logits_with_cache(const at::Tensor& tokens, KVCache& cac
 at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options,
                              const at::Tensor& segments) {
   const at::Tensor h = hidden_states(tokens, segments);  // (B, T, d)
-  if (options.chunked()) {
-    return loss::chunked_cross_entropy(h, head_weight(), at::Tensor(), targets,
-                                       loss::ChunkedCrossEntropyOptions()
-                                           .chunk_size(options.chunk_size())
-                                           .ignore_index(options.ignore_index())
-                                           .reduction(options.reduction()));
-  }
-  const at::Tensor logits = at::linear(h, head_weight()).reshape({-1, config_.vocab_size});  // (B*T, V)
-  auto ce = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.ignore_index());
-  if (options.reduction() == loss::Reduction::sum) ce.reduction(torch::kSum);
-  return torch::nn::functional::cross_entropy(logits.to(at::kFloat), targets.reshape({-1}), ce);
+  const auto loss_options = loss::ChunkedCrossEntropyOptions()
+                                .chunk_size(options.chunk_size())
+                                .ignore_index(options.ignore_index())
+                                .reduction(options.reduction());
+  if (options.chunked()) return loss::chunked_cross_entropy(h, head_weight(), at::Tensor(), targets, loss_options);
+  return loss::linear_cross_entropy(h, head_weight(), at::Tensor(), targets, loss_options);
 }
 
 namespace {

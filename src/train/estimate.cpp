@@ -161,13 +161,17 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   //  the loss's backward: the logits' gradients (chunk by chunk when chunked) and the head's gradient.
   //  With tied embeddings the head's gradient waits for the embedding's, to be summed with it at the
   //  end of backward: an autograd intermediate (temporary), except where LibTorch 2.x sums the two
-  //  in place into the first -- the chunked loss's gradient, a plain tensor of its own (the plain
-  //  loss's is a transposed view, summed out of place) -- making that buffer the .grad (gradient).
+  //  in place into the first -- the loss's gradient, chunked or not, a plain tensor of its own --
+  //  making that buffer the .grad (gradient).
+  //  Accumulating over micro-batches (standard mode), a later micro-batch's head gradient is added
+  //  to the .grad the first one left: a temporary.
   const bool tied = c.tie_embeddings;
-  const bool head_grad_is_gradient = !tied || (kAutogradSumsInPlace && r.loss.chunked());
+  const bool head_grad_is_gradient = !tied || kAutogradSumsInPlace;
+  const bool accumulating = !in_backward && r.optimizer.accumulation_steps() > 1;
+  const bool loss_grad_is_gradient = head_grad_is_gradient && !accumulating;
   moments.push_back({"backward, in the loss", kept_all,
-                     a.loss_backward_temporary + (head_grad_is_gradient ? 0 : a.loss_weight_gradient),
-                     head_grad_is_gradient ? a.loss_weight_gradient : 0});
+                     a.loss_backward_temporary + (loss_grad_is_gradient ? 0 : a.loss_weight_gradient),
+                     loss_grad_is_gradient ? a.loss_weight_gradient : 0});
   //  each segment's backward (last first): what the blocks before it keep, its blocks' activations
   //  all live (recomputed when checkpointed), its working set, and the gradients live by then
   //  (standard: the head's and those of every later block; in backward: one node's).
@@ -235,7 +239,7 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   }
   // Accumulating over micro-batches (standard mode), every gradient stays live from the first
   // micro-batch's backward to the update: through every later forward and backward.
-  if (!in_backward && r.optimizer.accumulation_steps() > 1) {
+  if (accumulating) {
     for (Moment& m : moments) m.gradient = std::max(m.gradient, P);
   }
   for (const Moment& m : moments) checked_add(checked_add(m.activation, m.temporary, "the peak"), m.gradient, "the peak");

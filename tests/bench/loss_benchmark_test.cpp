@@ -17,9 +17,9 @@ TEST(ChunkedLossBenchmark, PeakIsAFractionOfThePlainOne) {
   cfg.chunk = 64;
   cfg.timing_runs = 0;
   const auto r = frugal::bench::run_chunked_loss_benchmark(cfg);
-  // Plain keeps (N, V) logits and their log-softmax, and makes their gradient: >= 2 * N * V * 4.
+  // Plain keeps the (N, V) fp32 logits and makes their gradient beside them: >= 2 * N * V * 4.
   EXPECT_GE(r.peak_bytes_plain, 2 * 512 * 2000 * 4);
-  // Chunked: two (chunk, V) buffers, the weight's gradient, the hidden states' gradient, a bit more.
+  // Chunked: a (chunk, V) buffer, the weight's gradient, the hidden states' gradient, a bit more.
   EXPECT_LT(r.peak_bytes_chunked, 0.25 * static_cast<double>(r.peak_bytes_plain));
   EXPECT_LE(r.max_rel_grad_diff, 1e-5);
   EXPECT_NEAR(r.loss_chunked, r.loss_plain, 1e-5 * r.loss_plain);

@@ -2,15 +2,21 @@
 // they compile in every build): the 8- and 4-bit AdamW kernel against the CPU kernel, optimizer
 // state in host memory or mapped files streamed through the GPU against state on the GPU, the
 // tracker on the CUDA caching allocator, the CUDA generator restored for a checkpoint's recompute,
-// and the caching allocator's own counters. `ctest -R Cuda` or `--gtest_filter='Cuda*'`.
+// the caching allocator's own counters, and the loss (ATen's operations on the GPU) against the
+// CPU's fused kernel. `ctest -R Cuda` or `--gtest_filter='Cuda*'`.
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "frugal/checkpoint/checkpoint.h"
+#include "frugal/loss/chunked_cross_entropy.h"
 #include "frugal/memory/cuda_stats.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/optim/optimizer.h"
@@ -248,4 +254,45 @@ TEST(CudaMemoryStats, PeaksOfTheCachingAllocatorFollowAnAllocation) {
   EXPECT_GE(after.reserved_bytes, before.allocated_bytes + bytes);  // the block stays reserved for reuse
   EXPECT_GE(after.peak_reserved_bytes, after.peak_allocated_bytes);
   EXPECT_FALSE(memory::cuda_memory_stats(1000).available);
+}
+
+// The loss on the GPU, made of ATen's operations, against the CPU's fused kernel: loss and
+// gradients within 1e-5 (relative to the largest entry), chunked and plain, with a fifth of the
+// targets ignored; with all of them ignored, the mean is NaN and every gradient 0 on both.
+TEST(CudaLoss, MatchesTheCpuKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here (torch::cuda::is_available() is false)";
+  torch::manual_seed(6);
+  const int64_t N = 70, H = 32, V = 333;
+  const at::Tensor hidden = at::randn({N, H}), weight = at::randn({V, H}) * 0.3, bias = at::randn({V});
+  for (bool all_ignored : {false, true}) {
+    at::Tensor targets = at::randint(0, V, {N}, at::kLong);
+    targets.index_put_({all_ignored ? at::ones({N}, at::kBool) : at::rand({N}) < 0.2}, -100);
+    for (int64_t chunk : {16, 0}) {
+      SCOPED_TRACE(std::string(all_ignored ? "all ignored, " : "") + (chunk == 0 ? "plain" : "chunks of 16"));
+      auto run = [&](at::Device device) {
+        const at::Tensor h = hidden.to(device).requires_grad_(), w = weight.to(device).requires_grad_();
+        const at::Tensor b = bias.to(device).requires_grad_(), t = targets.to(device);
+        const auto options = loss::ChunkedCrossEntropyOptions().chunk_size(chunk == 0 ? 1 : chunk);
+        const at::Tensor l = chunk == 0 ? loss::linear_cross_entropy(h, w, b, t, options)
+                                        : loss::chunked_cross_entropy(h, w, b, t, options);
+        std::vector<at::Tensor> out = {l.detach().cpu()};
+        for (const at::Tensor& g : torch::autograd::grad({l * 3.0}, {h, w, b})) out.push_back(g.cpu());
+        return out;
+      };
+      const auto gpu = run(kGpu), cpu = run(at::kCPU);
+      if (all_ignored) {
+        EXPECT_TRUE(std::isnan(gpu[0].item<double>()));
+        EXPECT_TRUE(std::isnan(cpu[0].item<double>()));
+      } else {
+        EXPECT_NEAR(gpu[0].item<double>(), cpu[0].item<double>(), 1e-5 * std::abs(cpu[0].item<double>()));
+      }
+      for (size_t i = 1; i < gpu.size(); ++i) {
+        const double scale = std::max(cpu[i].abs().max().item<double>(), 1e-12);
+        EXPECT_LE((gpu[i] - cpu[i]).abs().max().item<double>() / scale, 1e-5) << "gradient " << i;
+        if (all_ignored) {
+          EXPECT_EQ(gpu[i].abs().max().item<double>(), 0.0) << "gradient " << i;
+        }
+      }
+    }
+  }
 }

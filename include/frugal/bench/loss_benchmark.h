@@ -1,8 +1,9 @@
-// frugal/bench/loss_benchmark.h — the chunked cross-entropy against Linear + cross_entropy.
+// frugal/bench/loss_benchmark.h — frugal's loss over a final Linear, plain and chunked.
 //
-// Measures, in one run, the peak bytes above the parameters and inputs during forward+backward
-// (allocation tracker), the median forward+backward time, and the largest relative gradient
-// difference of the two.
+// Measures, in one run, for the plain loss (loss::linear_cross_entropy: the logits made whole and
+// kept) and the chunked one (loss::chunked_cross_entropy), the peak bytes above the parameters and
+// inputs during forward+backward (allocation tracker) and the median forward+backward time; and
+// how far either's gradients are from those of ATen's Linear + cross_entropy.
 //
 //   frugal::bench::ChunkedLossConfig cfg;          // 8192 tokens, hidden 512, vocabulary 32000
 //   auto r = frugal::bench::run_chunked_loss_benchmark(cfg);
@@ -30,7 +31,9 @@ struct ChunkedLossResult {
   int64_t peak_bytes_plain = 0;    // above what was live before the step
   int64_t peak_bytes_chunked = 0;
   double time_s_plain = 0, time_s_chunked = 0;
-  double max_rel_grad_diff = 0;    // over the hidden states and the weight, relative to the largest entry
+  // the largest gap of either loss's gradients (hidden states, weight) from Linear + cross_entropy's,
+  // relative to the reference's largest entry
+  double max_rel_grad_diff = 0;
   double loss_plain = 0, loss_chunked = 0;
 };
 
