@@ -16,7 +16,8 @@ on the shapes, thread count and repetitions frugal's JSON reports:
    (each chunk's Linear + cross-entropy under non-reentrant checkpointing).
 4. optim-state: the time of one AdamW step per parameter on ``frugal bench optim-state``'s work
    (2048-wide fp32 matrices, fresh gradients, the median of the timed steps), frugal's fp32, bf16,
-   8-bit and 4-bit state against ``torch.optim.AdamW`` with ``fused=True`` and ``foreach=True``.
+   8-bit and 4-bit state against ``torch.optim.AdamW`` with ``fused=True`` and ``foreach=True``,
+   and SGD with momentum 0.9 against ``torch.optim.SGD`` with ``fused=True``.
    Also in 2.: PyTorch's step with ``fused=True`` AdamW, after and inside backward.
 5. whole-step (``--whole-step``; heavy, minutes): a recipe's model (default: the default recipe's
    Llama) trained by PyTorch through ``transformers``' LlamaForCausalLM (sdpa attention) in eager
@@ -346,6 +347,20 @@ def pytorch_optim_state(params_timed: int, runs: int) -> dict:
             opt.zero_grad(set_to_none=True)
         out[f"ns_per_param_{name}"] = statistics.median(times) * 1e9 / out["params_timed"]
         del weights, opt
+    # SGD with momentum as bench optim-state times it (momentum 0.9, weight decay 0.01), fused=True
+    torch.manual_seed(0)
+    weights = [torch.randn(r, OPTIM_STATE_WIDTH, requires_grad=True) for r in sizes]
+    opt = torch.optim.SGD(weights, lr=1e-3, momentum=0.9, weight_decay=0.01, fused=True)
+    times = []
+    for r in range(runs + 1):
+        for w in weights:
+            w.grad = torch.randn_like(w)
+        t0 = time.perf_counter()
+        opt.step()
+        if r > 0:
+            times.append(time.perf_counter() - t0)
+        opt.zero_grad(set_to_none=True)
+    out["ns_per_param_sgd_momentum_fused"] = statistics.median(times) * 1e9 / out["params_timed"]
     return out
 
 
@@ -601,11 +616,13 @@ def compare_optim_state(fr: dict, py: dict) -> dict:
         fail(f"optim-state: frugal timed {fr['params_timed']} parameters, PyTorch {py['params_timed']}", 1)
     frugal = {p: {k: v[k] for k in ("ns_per_param", "bytes_per_param", "bytes_moved_per_param", "achieved_gbs")}
               for p, v in fr["precisions"].items()}
+    frugal["sgd_momentum"] = {k: fr["sgd_momentum"][k] for k in ("ns_per_param", "bytes_per_param",
+                                                                   "bytes_moved_per_param", "achieved_gbs")}
     frugal["copy_bandwidth_gbs"] = fr["copy_bandwidth_gbs"]
     config = {k: fr[k] for k in ("params_timed", "threads", "dense_kernel", "adam_dense_kernel", "quantized_kernel")}
-    return {"config": config, "frugal": frugal, "pytorch": py,
-            "ratio": {f"{p}_vs_fused": ratio(fr["precisions"][p]["ns_per_param"], py["ns_per_param_fused"])
-                      for p in fr["precisions"]}}
+    r = {f"{p}_vs_fused": ratio(fr["precisions"][p]["ns_per_param"], py["ns_per_param_fused"]) for p in fr["precisions"]}
+    r["sgd_momentum_vs_fused"] = ratio(fr["sgd_momentum"]["ns_per_param"], py["ns_per_param_sgd_momentum_fused"])
+    return {"config": config, "frugal": frugal, "pytorch": py, "ratio": r}
 
 
 def compare_loss(fr: dict, py: dict) -> dict:
@@ -653,6 +670,8 @@ def print_table(summary: dict):
     for p in ("fp32", "bf16", "int8", "int4"):
         rows.append((f"AdamW step {p} state: ns/param", f"{st['frugal'][p]['ns_per_param']:.3f}",
                      f"{st['pytorch']['ns_per_param_fused']:.3f}", st["ratio"][f"{p}_vs_fused"]))
+    rows.append(("SGD momentum step: ns/param", f"{st['frugal']['sgd_momentum']['ns_per_param']:.3f}",
+                 f"{st['pytorch']['ns_per_param_sgd_momentum_fused']:.3f}", st["ratio"]["sgd_momentum_vs_fused"]))
     print(f"{'':34}{'frugal':>14}{'PyTorch':>14}{'frugal/PyTorch':>16}")
     for name, a, b, r in rows:
         print(f"{name:34}{a:>14}{b:>14}{r:>16.3f}")

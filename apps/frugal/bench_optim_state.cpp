@@ -1,6 +1,7 @@
-// frugal bench optim-state — AdamW state in fp32, bf16, 8-bit and 4-bit: bytes per parameter,
-// step time against fp32 on ~50M parameters, the bytes each step moves and the bandwidth that
-// achieves beside a plain copy's, and with --steps N the default recipe's final loss.
+// frugal bench optim-state — AdamW state in fp32, bf16, 8-bit and 4-bit, and SGD with momentum:
+// bytes per parameter, step time against fp32 AdamW's on ~50M parameters, the bytes each step moves
+// and the bandwidth that achieves beside a plain copy's, and with --steps N the default recipe's
+// final loss.
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
@@ -32,7 +33,8 @@ int bench_optim_state(int argc, char** argv) {
   Args args("bench optim-state",
             "AdamW with its two moments in fp32, bf16, 8-bit and 4-bit blocks: bytes per parameter and the time of one\n"
             "optimizer step over --params parameters (as 2048-wide matrices), against fp32, with the bytes it moves per\n"
-            "parameter and the GB/s that achieves beside a plain copy's (same threads). With --steps N, also trains\n"
+            "parameter and the GB/s that achieves beside a plain copy's (same threads); then SGD with momentum 0.9, timed\n"
+            "the same way. With --steps N, also trains\n"
             "the recipe N steps per precision, prints the loss curves side by side and compares the final loss with\n"
             "fp32's (the JSON carries every step's loss per precision, for plotting).");
   args.add_int("params", &params, "parameters in the timed step", 4096, int64_t{1} << 40);
@@ -101,14 +103,18 @@ int bench_optim_state(int argc, char** argv) {
                                                       : " (Adam(W): within an ulp a step of torch::optim, whose sqrt here is MKL's)");
   struct Row {
     double bytes_per_param = 0, step_s = 0, final_loss = 0;
+    int64_t state_bytes = 0;
     double ns_per_param = 0;
     // What one step reads and writes per parameter: the fp32 parameter (read, written), its fp32
     // gradient (read), and both moments' state (codes and scales, or the dense values: read, written).
     double moved_per_param = 0, achieved_gbs = 0;
     std::vector<double> losses;  // one per training step
   };
-  std::vector<Row> rows_out(precisions.size());
-  for (size_t i = 0; i < precisions.size(); ++i) {
+  // One timed step of an optimizer over fresh fp32 parameters of the same shapes: the median of
+  // --runs steps after one untimed (which makes the state), fresh random gradients before each.
+  // moved_state_per_param: the state bytes a step reads and writes per parameter, beside the fp32
+  // parameter (read, written) and its fp32 gradient (read).
+  const auto time_step = [&](const optim::OptimizerOptions& options, Row& row) {
     torch::OrderedDict<std::string, at::Tensor> named;
     int64_t n = 0;
     for (int64_t m = 0; m < matrices; ++m) {
@@ -116,8 +122,7 @@ int bench_optim_state(int argc, char** argv) {
       named.insert(std::string("w").append(std::to_string(m)), w);  // not "w" + to_string: GCC 12 warns falsely (-Wrestrict)
       n += w.numel();
     }
-    optim::Optimizer opt(named, optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(
-                                    optim::StateOptions().precision(precisions[i])));
+    optim::Optimizer opt(named, options);
     std::vector<double> times;
     for (int64_t r = 0; r <= runs; ++r) {
       for (auto& item : named) item.value().mutable_grad() = at::randn_like(item.value());
@@ -128,17 +133,36 @@ int bench_optim_state(int argc, char** argv) {
       opt.zero_grad();
     }
     std::sort(times.begin(), times.end());
-    rows_out[i].step_s = times[times.size() / 2];
-    Row& row = rows_out[i];
+    row.step_s = times[times.size() / 2];
+    row.state_bytes = opt.state_bytes();
     row.bytes_per_param = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
     row.ns_per_param = row.step_s * 1e9 / static_cast<double>(n);
     row.moved_per_param = 4 + 4 + 4 + 2 * row.bytes_per_param;
     row.achieved_gbs = row.moved_per_param * static_cast<double>(n) / row.step_s / 1e9;
+    return n;
+  };
+  std::vector<Row> rows_out(precisions.size());
+  for (size_t i = 0; i < precisions.size(); ++i) {
+    Row& row = rows_out[i];
+    const int64_t n = time_step(optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(
+                                    optim::StateOptions().precision(precisions[i])),
+                                row);
     std::fprintf(stderr, "%-5s %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32's step time\n"
                  "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
-                 optim::precision_name(precisions[i]), row.bytes_per_param, io::human_bytes(opt.state_bytes()).c_str(),
+                 optim::precision_name(precisions[i]), row.bytes_per_param, io::human_bytes(row.state_bytes).c_str(),
                  row.step_s * 1e3, static_cast<long long>(n), row.step_s / rows_out[0].step_s, row.ns_per_param,
                  row.moved_per_param, row.achieved_gbs, 100 * row.achieved_gbs / copy_gbs);
+  }
+  // SGD with momentum (PyTorch's SGD(momentum=0.9, weight_decay=0.01)): one fp32 momentum buffer.
+  Row sgd;
+  {
+    const int64_t n = time_step(
+        optim::OptimizerOptions().algorithm(optim::Algorithm::sgd).lr(1e-3).momentum(0.9).weight_decay(0.01), sgd);
+    std::fprintf(stderr, "sgd   momentum, %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32 AdamW's step time\n"
+                 "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
+                 sgd.bytes_per_param, io::human_bytes(sgd.state_bytes).c_str(), sgd.step_s * 1e3, static_cast<long long>(n),
+                 sgd.step_s / rows_out[0].step_s, sgd.ns_per_param, sgd.moved_per_param, sgd.achieved_gbs,
+                 100 * sgd.achieved_gbs / copy_gbs);
   }
   if (steps > 0) {
     for (size_t i = 0; i < precisions.size(); ++i) {
@@ -197,6 +221,12 @@ int bench_optim_state(int argc, char** argv) {
     }
     w.end_object();
   }
+  w.end_object();
+  w.key("sgd_momentum").begin_object();
+  w.key("momentum").value(0.9).key("bytes_per_param").value(sgd.bytes_per_param);
+  w.key("step_time_s").value(sgd.step_s).key("ns_per_param").value(sgd.ns_per_param);
+  w.key("bytes_moved_per_param").value(sgd.moved_per_param).key("achieved_gbs").value(sgd.achieved_gbs);
+  w.key("fraction_of_copy_bandwidth").value(sgd.achieved_gbs / copy_gbs);
   w.end_object().end_object();
   write_output(json_out, json.str());
   return 0;
