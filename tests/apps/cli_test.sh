@@ -614,6 +614,12 @@ for name, (lo, hi) in bounds.items():
     assert abs(r["achieved_gbs"] - r["bytes_moved_per_param"] / r["ns_per_param"]) < 1e-6 * r["achieved_gbs"], (name, r)
     # relative: the JSON keeps 10 significant digits, and 16K parameters fit in cache (several times a copy's GB/s)
     assert abs(r["fraction_of_copy_bandwidth"] - r["achieved_gbs"] / d["copy_bandwidth_gbs"]) < 1e-8 * r["fraction_of_copy_bandwidth"], (name, r)
+# SGD with momentum: one fp32 buffer, read and written beside the parameter and its gradient
+s = d["sgd_momentum"]
+assert s["momentum"] == 0.9 and s["bytes_per_param"] == 4 and s["bytes_moved_per_param"] == 20, s
+assert abs(s["ns_per_param"] - s["step_time_s"] * 1e9 / d["params_timed"]) < 1e-6 * s["ns_per_param"], s
+assert abs(s["achieved_gbs"] - 20 / s["ns_per_param"]) < 1e-6 * s["achieved_gbs"], s
+assert abs(s["fraction_of_copy_bandwidth"] - s["achieved_gbs"] / d["copy_bandwidth_gbs"]) < 1e-8 * s["fraction_of_copy_bandwidth"], s
 PY
   then pass=$((pass + 1)); else echo "FAIL: bench optim-state JSON ($kernel kernel)"; failed=$((failed + 1)); fi
 done
