@@ -201,6 +201,8 @@ struct Optimizer::Impl {
           const at::Tensor n = own(p, grad).norm().to(at::kDouble);
           norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
         }
+        grad = at::Tensor();
+        exchange->release(/*wait=*/false);  // as drain does: the operation's hold on the gradient goes now
         return;
       }
       TORCH_CHECK(options.clip() != Clip::global_norm_two_pass || norm_ready,
@@ -352,6 +354,9 @@ void Optimizer::backward(const at::Tensor& loss) {
     if (s.exchange) {
       const double local = s.norm_sq.defined() ? s.norm_sq.item<double>() : 0.0;
       s.norm_sq = at::scalar_tensor(s.exchange->sum(local), at::kDouble);  // every rank's owned parameters
+      // The first pass's averages are done: what their operations held (the last gradients) is
+      // freed now, not in the second pass's backward, where it would add to the loss's peak.
+      s.exchange->release(/*wait=*/true);
     }
     const at::Tensor norm = s.norm_sq.defined() ? s.norm_sq.sqrt() : at::zeros({}, at::kDouble);
     s.last_grad_norm = norm.item<double>();
