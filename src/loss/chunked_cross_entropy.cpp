@@ -17,14 +17,6 @@ using torch::autograd::variable_list;
 
 at::Tensor in_dtype(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
 
-// With its fp32 logits kept (linear_cross_entropy) and products in a lower precision, the loss
-// passes between the two dtypes this many rows at a time: forward makes the product in a buffer of
-// these rows and widens it into the kept logits, backward turns these rows of kept logits into their
-// gradient in an fp32 buffer and narrows it into the low-precision gradient the products read. So
-// no second (N, V) fp32 tensor is ever live beside the kept logits: at most 6 bytes a logit for
-// bf16 products, against 8 for fp32 ones.
-constexpr int64_t kStageRows = 128;
-
 // The sum of a forward's token losses: a double on the CPU; elsewhere a tensor, so that no chunk
 // waits for the device.
 class LossSum {
@@ -105,21 +97,16 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     checkpoint::AutocastGuard explicit_dtypes(checkpoint::AutocastState::off());
     const at::Tensor w = in_dtype(weight, compute);  // one cast for every chunk
     const int64_t N = hidden.size(0), V = weight.size(0), rows = std::min(chunk, N);
-    const bool staged = keep_logits && compute != at::kFloat;  // see kStageRows
-    const int64_t stage = staged ? std::min(rows, kStageRows) : rows;
     // One chunk's logits, reused by every chunk (and the product before it is widened to fp32).
     at::Tensor logits = at::empty({rows, V}, hidden.options().dtype(at::kFloat));
-    at::Tensor low = compute == at::kFloat ? at::Tensor() : at::empty({stage, V}, hidden.options().dtype(compute));
+    at::Tensor low = compute == at::kFloat ? at::Tensor() : at::empty({rows, V}, hidden.options().dtype(compute));
     at::Tensor lse = at::empty({N}, hidden.options().dtype(at::kFloat));  // (N), kept for backward
     LossSum total;
     for (int64_t begin = 0; begin < N; begin += chunk) {
       const int64_t end = std::min(N, begin + chunk), n = end - begin;
       const at::Tensor l = logits.narrow(0, 0, n);
-      for (int64_t s = 0; s < n; s += stage) {  // one pass unless staged
-        const int64_t m = std::min(stage, n - s);
-        logits_into(l.narrow(0, s, m), low.defined() ? low.narrow(0, 0, m) : low,
-                    in_dtype(hidden.slice(0, begin + s, begin + s + m), compute), w, bias);
-      }
+      logits_into(l, low.defined() ? low.narrow(0, 0, n) : low, in_dtype(hidden.slice(0, begin, end), compute), w,
+                  bias);
       forward_rows(l, targets.slice(0, begin, end), ignore_index, lse.slice(0, begin, end), total);
     }
     low.reset();
@@ -169,37 +156,23 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
                                : at::Tensor();
     // One chunk's d loss / d logits in fp32 (the logits themselves when they are made here), and in
     // the compute dtype for the products; both reused by every chunk.
-    const bool staged = kept.defined() && compute != at::kFloat;  // see kStageRows
-    at::Tensor p_buffer = at::empty({staged ? std::min(rows, kStageRows) : rows, V}, hidden.options().dtype(at::kFloat));
+    at::Tensor p_buffer = at::empty({rows, V}, hidden.options().dtype(at::kFloat));
     at::Tensor low_buffer = compute == at::kFloat ? at::Tensor() : at::empty({rows, V}, hidden.options().dtype(compute));
     for (int64_t begin = 0; begin < N; begin += chunk) {
       const int64_t end = std::min(N, begin + chunk), n = end - begin;
       const at::Tensor h = in_dtype(hidden.slice(0, begin, end), compute);  // (n, H)
-      at::Tensor p = staged ? at::Tensor() : p_buffer.narrow(0, 0, n);      // (n, V)
+      at::Tensor p = p_buffer.narrow(0, 0, n);                               // (n, V)
       const at::Tensor low = low_buffer.defined() ? low_buffer.narrow(0, 0, n) : low_buffer;
       const at::Tensor t = targets.slice(0, begin, end);
       const at::Tensor chunk_lse = lse.slice(0, begin, end);
-      at::Tensor p_c;  // (n, V) in the compute dtype
-      if (staged) {  // kStageRows rows at a time through the fp32 buffer into the compute dtype
-        for (int64_t s = 0; s < n; s += p_buffer.size(0)) {
-          const int64_t m = std::min(p_buffer.size(0), n - s);
-          at::Tensor ps = p_buffer.narrow(0, 0, m);
-          backward_rows(kept.narrow(0, s, m), ps, t.slice(0, s, s + m), ignore_index, chunk_lse.slice(0, s, s + m),
-                        scale, cpu_scale);
-          if (grad_bias.defined()) grad_bias.add_(ps.sum(0));
-          low.narrow(0, s, m).copy_(ps);
-        }
-        p_c = low;
+      if (kept.defined()) {
+        backward_rows(kept, p, t, ignore_index, chunk_lse, scale, cpu_scale);
       } else {
-        if (kept.defined()) {
-          backward_rows(kept, p, t, ignore_index, chunk_lse, scale, cpu_scale);
-        } else {
-          logits_into(p, low, h, w, bias);
-          backward_rows(p, p, t, ignore_index, chunk_lse, scale, cpu_scale);
-        }
-        p_c = low.defined() ? low.copy_(p) : p;
-        if (grad_bias.defined()) grad_bias.add_(p.sum(0));
+        logits_into(p, low, h, w, bias);
+        backward_rows(p, p, t, ignore_index, chunk_lse, scale, cpu_scale);
       }
+      const at::Tensor p_c = low.defined() ? low.copy_(p) : p;  // (n, V) in the compute dtype
+      if (grad_bias.defined()) grad_bias.add_(p.sum(0));
       if (one_chunk && low.defined()) {  // not read again: freed before the products and what they allocate
         p = at::Tensor();
         p_buffer = at::Tensor();
@@ -293,13 +266,10 @@ ChunkedCrossEntropyBytes loss_bytes(int64_t N, int64_t H, int64_t V, int64_t chu
   const bool one_chunk = N <= chunk_size;
   const int64_t weight_copy = compute == dtype ? 0 : V * H * ce;           // the weight in the compute dtype
   const int64_t low_precision = compute == at::kFloat ? 0 : n * V * ce;   // a chunk's product, or gradient, in it
-  // kept logits and low-precision products: the dtypes meet kStageRows rows at a time
-  const bool staged = keep_logits && compute != at::kFloat;
-  const int64_t stage = std::min(n, kStageRows);
   ChunkedCrossEntropyBytes b;
   b.kept = N * 4 + (keep_logits ? N * V * 4 : 0);  // lse (fp32); the targets are the caller's
   // the buffer of one chunk's fp32 logits (kept, with keep_logits) and of its product
-  b.forward_temporary = weight_copy + (keep_logits ? 0 : n * V * 4) + (staged ? stage * V * ce : low_precision);
+  b.forward_temporary = weight_copy + (keep_logits ? 0 : n * V * 4) + low_precision;
   // The hidden-state gradient (the hidden states arrive in the compute dtype, and each chunk's
   // product is written into it) beside the larger of: the buffers of one chunk's gradient (fp32,
   // and in the compute dtype); and, at the weight's product, those buffers (with one chunk in low
@@ -309,7 +279,7 @@ ChunkedCrossEntropyBytes loss_bytes(int64_t N, int64_t H, int64_t V, int64_t chu
   int64_t product = 0;
   if (!one_chunk && compute != at::kFloat) product = V * H * (ce + 4);
   if (one_chunk && compute != dtype) product = V * H * ce;
-  const int64_t gradient_buffers = (staged ? stage : n) * V * 4 + low_precision;
+  const int64_t gradient_buffers = n * V * 4 + low_precision;
   const int64_t at_product = (one_chunk && compute != at::kFloat ? low_precision : gradient_buffers) + product;
   b.backward_temporary = weight_copy + N * H * ce + std::max(gradient_buffers, at_product);
   b.weight_gradient = one_chunk ? V * H * e : V * H * 4;  // in the weight's dtype, or summed in fp32

@@ -39,10 +39,8 @@ at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& wei
 
 // The same loss and gradients without chunks (options' chunk_size is not used): forward makes the
 // (N, V) logits in fp32 and keeps them, and backward forms their gradient from them in a buffer of
-// the same size, without the product again (with bf16 or fp16 products: the gradient in that dtype,
-// through an fp32 buffer of 128 rows, as forward widens its product; 6 bytes a logit at most for
-// bf16, 8 for fp32). Backward leaves what it keeps unchanged, so a graph can be run backward again
-// (retain_graph).
+// the same size, without the product again. Backward leaves what it keeps unchanged, so a graph
+// can be run backward again (retain_graph).
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                 const at::Tensor& targets, const ChunkedCrossEntropyOptions& options = {});
 
