@@ -643,9 +643,12 @@ t = j["targets"]
 assert close(t["bf16_all_on_speed"]["value"], j["tokens_per_s_all_on_bf16"] / j["tokens_per_s_all_off"]), t
 assert close(t["bf16_all_on_peak"]["value"], j["peak_bytes_all_on_bf16"] / j["peak_bytes_all_off"]), t
 assert t["fp32_all_on_speed"]["met"] == (t["fp32_all_on_speed"]["value"] >= 0.85), t
-# bf16 activations: with every technique off the bf16 run peaks lower (on the tiny model, with
+# bf16 activations: with every technique off the bf16 run's activations are smaller, but the tiny
+# model's peak is its plain loss's backward, where bf16 products add a bf16 copy of the logits'
+# fp32 gradient (N x V x 2 bytes, 256 x 4096 x 2 here) to the fp32 logits and gradient both runs
+# hold: the bf16 run peaks at most that much above the fp32 one (on the tiny model, with
 # checkpointing, the weights' bf16 copies outweigh what the activations save)
-assert j["peak_bytes_all_off_bf16"] < j["peak_bytes_all_off"], j
+assert j["peak_bytes_all_off_bf16"] < j["peak_bytes_all_off"] + 256 * 4096 * 2, j
 assert sorted(j["without"]) == ["checkpointing", "chunked_loss", "in_backward"], j["without"]
 for name, w in j["without"].items():
     assert w["tokens_per_s"] > 0 and w["peak_bytes"] > 0, name
