@@ -332,10 +332,11 @@ def pytorch_optim_state(params_timed: int, runs: int) -> dict:
     if rows % OPTIM_STATE_WIDTH or not sizes:
         sizes[-1:] = [sizes[-1] + rows % OPTIM_STATE_WIDTH] if sizes else [rows]
     out = {"params_timed": rows * OPTIM_STATE_WIDTH}
-    for name, kind in (("fused", dict(fused=True)), ("foreach", dict(foreach=True))):
+
+    def ns_per_param(make_optimizer) -> float:
         torch.manual_seed(0)
         weights = [torch.randn(r, OPTIM_STATE_WIDTH, requires_grad=True) for r in sizes]
-        opt = torch.optim.AdamW(weights, lr=1e-3, weight_decay=0.01, **kind)
+        opt = make_optimizer(weights)
         times = []
         for r in range(runs + 1):
             for w in weights:
@@ -345,22 +346,13 @@ def pytorch_optim_state(params_timed: int, runs: int) -> dict:
             if r > 0:
                 times.append(time.perf_counter() - t0)
             opt.zero_grad(set_to_none=True)
-        out[f"ns_per_param_{name}"] = statistics.median(times) * 1e9 / out["params_timed"]
-        del weights, opt
+        return statistics.median(times) * 1e9 / out["params_timed"]
+
+    for name, kind in (("fused", dict(fused=True)), ("foreach", dict(foreach=True))):
+        out[f"ns_per_param_{name}"] = ns_per_param(lambda w: torch.optim.AdamW(w, lr=1e-3, weight_decay=0.01, **kind))
     # SGD with momentum as bench optim-state times it (momentum 0.9, weight decay 0.01), fused=True
-    torch.manual_seed(0)
-    weights = [torch.randn(r, OPTIM_STATE_WIDTH, requires_grad=True) for r in sizes]
-    opt = torch.optim.SGD(weights, lr=1e-3, momentum=0.9, weight_decay=0.01, fused=True)
-    times = []
-    for r in range(runs + 1):
-        for w in weights:
-            w.grad = torch.randn_like(w)
-        t0 = time.perf_counter()
-        opt.step()
-        if r > 0:
-            times.append(time.perf_counter() - t0)
-        opt.zero_grad(set_to_none=True)
-    out["ns_per_param_sgd_momentum_fused"] = statistics.median(times) * 1e9 / out["params_timed"]
+    out["ns_per_param_sgd_momentum_fused"] = ns_per_param(
+        lambda w: torch.optim.SGD(w, lr=1e-3, momentum=0.9, weight_decay=0.01, fused=True))
     return out
 
 
