@@ -24,7 +24,7 @@ on the shapes, thread count and repetitions frugal's JSON reports:
    fp32 with foreach and with fused AdamW, eager bf16 autocast, and ``torch.compile`` (inductor)
    fp32 and bf16, beside ``frugal bench train``'s four corners (fp32/bf16 products, techniques
    off/on). Each PyTorch variant and each frugal corner also runs in a process of its own for its
-   peak resident memory (VmHWM, from wait4); PyTorch's allocator peak of one step is counted as in 1.
+   peak resident memory (VmHWM, which each process reads from its own /proc/self/status); PyTorch's allocator peak of one step is counted as in 1.
    Rounds are interleaved and each figure is the median over rounds; compile time is reported apart.
 
 How PyTorch's bytes are measured. frugal's tracker observes every allocation and free that c10's
@@ -447,21 +447,26 @@ def whole_step_child(variant: str, cfg: dict) -> dict:
         step(0)
     median = statistics.median(times)
     return {"tokens_per_s": B * T / median, "step_s": median, "first_step_s": first_s,
-            "compile_s": max(0.0, first_s - median) if compiled else 0.0, "allocator_peak_bytes": live + w.peak()}
+            "compile_s": max(0.0, first_s - median) if compiled else 0.0, "allocator_peak_bytes": live + w.peak(),
+            "peak_rss_bytes": peak_rss_of_this_process()}
 
 
-def run_measured(cmd: list[str], env: dict) -> tuple[str, int]:
-    """Runs cmd; its standard output and its peak resident bytes (ru_maxrss of wait4, the VmHWM)."""
-    import tempfile
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # reaped here, with its resource usage
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if proc.returncode != 0:
-            fail(f"'{' '.join(cmd[:6])} ...' exited with {proc.returncode}: {err.read().strip()[-2000:]}", 1)
-        return out.read(), usage.ru_maxrss * 1024  # KiB on Linux
+def peak_rss_of_this_process() -> int:
+    """VmHWM of /proc/self/status in bytes: this process's resident high-water mark since its exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    fail("/proc/self/status has no VmHWM line (the whole-step comparison needs Linux)", 1)
+
+
+def run_child(cmd: list[str], env: dict) -> str:
+    """Runs cmd; its standard output. Each child reports its own peak resident memory (VmHWM):
+    wait4's ru_maxrss cannot be used, as Linux counts in it the forked copy of this process's
+    memory before exec, so every child would show this (large) process's resident size."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        fail(f"'{' '.join(cmd[:6])} ...' exited with {proc.returncode}: {proc.stderr.strip()[-2000:]}", 1)
+    return proc.stdout
 
 
 def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, rounds: int, threads: int,
@@ -486,16 +491,16 @@ def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, round
                    f"train.out_dir={run_dir}", "train.checkpoint_interval=0", "train.eval_interval=0", "schedule.warmup_steps=1",
                    "train.sample_tokens=0", f"data.tokenizer={cfg['tokenizer']}", f"data.tokens={cfg['tokens']}"]
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-            _, rss = run_measured(cmd, env)
-            rss_frugal[corner].append(rss)
+            run_child(cmd + ["--json-out", str(run_dir / "summary.json")], env)
+            rss_frugal[corner].append(json.loads((run_dir / "summary.json").read_text())["peak_rss_bytes"])
         for variant in WHOLE_STEP_VARIANTS:
             print(f"+ PyTorch whole step: {variant} (round {r + 1} of {rounds})", file=sys.stderr, flush=True)
-            out, rss = run_measured([sys.executable, __file__, "--frugal", frugal, "--whole-step-child", variant,
+            out = run_child([sys.executable, __file__, "--frugal", frugal, "--whole-step-child", variant,
                                      "--whole-step-config", json.dumps(cfg)], env)
             got = json.loads(out.strip().splitlines()[-1])
             for k in ("tokens_per_s", "allocator_peak_bytes", "compile_s"):
                 pytorch[variant][k].append(got[k])
-            pytorch[variant]["peak_rss_bytes"].append(rss)
+            pytorch[variant]["peak_rss_bytes"].append(got["peak_rss_bytes"])
     med = statistics.median
     py = {v: {k: med(x) for k, x in d.items()} for v, d in pytorch.items()}
     fr = {}

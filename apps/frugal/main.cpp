@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "frugal/memory/cuda_runtime.h"
 #include "frugal/bench/hardware.h"
 #include "frugal/dist/launch.h"
 #include "frugal/io/atomic_file.h"
@@ -116,6 +117,10 @@ int main(int argc, char** argv) {
     // FRUGAL_NUM_THREADS is read deep in a run (the threads of bf16 products, a rank's share): a
     // bad value is refused here, before any command does work.
     dist::launcher_threads();
+    // LibTorch's CUDA half and frugal's CUDA module, before anything could make a CUDA tensor: only
+    // where an NVIDIA driver is installed (memory/cuda_runtime.h), so a CPU machine does not carry
+    // the CUDA libraries' ~250 MiB (a bad FRUGAL_CUDA is refused here).
+    memory::load_cuda();
     if (command == "account") return cli::run_account(argc, argv);
     if (command == "bench") return cli::run_bench(argc, argv);
     if (command == "train") return cli::run_train(argc, argv);

@@ -51,34 +51,12 @@ struct SentencePieceApi {
 
 namespace {
 
-std::string executable_dir();
-
-// The first of: $FRUGAL_<ENV>, next to the running executable, in the build folder.
-std::vector<std::string> helper_candidates(const char* env, const std::string& file) {
-  std::vector<std::string> out;
-  if (const char* e = std::getenv(env)) out.push_back(e);
-  out.push_back(executable_dir() + "/" + file);
-#ifdef FRUGAL_HELPER_DIR
-  out.push_back(std::string(FRUGAL_HELPER_DIR) + "/" + file);
-#endif
-  return out;
-}
-
-std::string executable_dir() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string path(buf, static_cast<size_t>(n));
-  const auto slash = path.find_last_of('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
 const SentencePieceApi& api() {
   static std::once_flag once;
   static SentencePieceApi table{};
   static std::string error;
   std::call_once(once, [] {
-    const auto candidates = helper_candidates("FRUGAL_SPM_SHIM", "libfrugal_spm.so");
+    const auto candidates = io::helper_candidates("FRUGAL_SPM_SHIM", "libfrugal_spm.so");
     void* lib = nullptr;
     for (const auto& c : candidates) {
       lib = ::dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
@@ -462,7 +440,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
                            " --allow_whitespace_only_pieces=true --add_dummy_prefix=true --split_by_whitespace=true"
                            " --bos_id=1 --eos_id=2 --unk_id=0 --pad_id=-1 --hard_vocab_limit=false";
   std::string trainer;
-  for (const auto& c : helper_candidates("FRUGAL_SPM_TRAIN", "frugal-spm-train")) {
+  for (const auto& c : io::helper_candidates("FRUGAL_SPM_TRAIN", "frugal-spm-train")) {
     if (::access(c.c_str(), X_OK) == 0) {
       trainer = c;
       break;

@@ -1,6 +1,7 @@
 // src/dist/backend.h (private) — the c10d type collectives are called on, in both LibTorch
 // versions (1.13's backends are ProcessGroups; 2.x's derive from c10d::Backend), and the NCCL
-// backend, which exists only in a CUDA build (nccl.cpp; nccl_stub.cpp elsewhere).
+// backend, which exists only in a CUDA build: nccl_module.cpp in libfrugal_cuda.so, reached through
+// nccl.cpp (memory/cuda_runtime.h).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -22,7 +23,8 @@ using BackendBase = c10d::Backend;
 using BackendBase = c10d::ProcessGroup;
 #endif
 
-// NCCL over `store` for CUDA tensors on this rank's device; null when this build has no NCCL.
+// NCCL over `store` for CUDA tensors on this rank's device; null when frugal's CUDA module is not
+// loaded (a build without CUDA, or no NVIDIA driver).
 c10::intrusive_ptr<BackendBase> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                   std::chrono::milliseconds timeout);
 

@@ -399,5 +399,18 @@ std::string parent_path(const std::string& path) {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
+std::vector<std::string> helper_candidates(const char* env, const std::string& file) {
+  std::vector<std::string> out;
+  if (const char* e = std::getenv(env)) out.push_back(e);
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  const std::string dir = n > 0 ? parent_path(std::string(buf, static_cast<size_t>(n))) : "";
+  out.push_back((dir.empty() ? "." : dir) + "/" + file);
+#ifdef FRUGAL_HELPER_DIR
+  out.push_back(std::string(FRUGAL_HELPER_DIR) + "/" + file);
+#endif
+  return out;
+}
+
 }  // namespace io
 }  // namespace frugal

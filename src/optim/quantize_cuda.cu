@@ -1,4 +1,5 @@
-// The fused 8- and 4-bit Adam(W) step on CUDA (quantize.h: adam_step_quantized_cuda).
+// The fused 8- and 4-bit Adam(W) step on CUDA (quantize.h: adam_step_quantized_cuda), in
+// libfrugal_cuda.so (memory/cuda_runtime.h); quantize_cuda_forward.cpp calls it with the code tables.
 //
 // One thread block per quantization block, one thread per value: decode m and v (map value times
 // the block's scale), update them and the parameter, take the block's new scales (max |m|, max |v|
@@ -173,12 +174,8 @@ void launch_typed(const StepConstants& s, const at::Tensor& p, const at::Tensor&
   if (p16 && g16) launch<Bits>(s, pb, gb, m, v, begin, end, block);
 }
 
-}  // namespace
-
-bool cuda_kernels_built() { return true; }
-
-double adam_step_quantized_cuda(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
-                                QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding) {
+double adam_step(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v,
+                 int64_t begin, int64_t end, const Bf16Rounding& rounding, const CodeTables& mt, const CodeTables& vt) {
   auto check = [&](const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.is_cuda() && t.device() == p.device() && t.is_contiguous() && t.numel() == end - begin &&
                     (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
@@ -215,9 +212,8 @@ double adam_step_quantized_cuda(const AdamStep& h, const at::Tensor& p, const at
     va = va.to(p.device());
     moved += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const auto mt = code_tables(true, m.bits(), p.device()), vt = code_tables(false, v.bits(), p.device());
   TORCH_CHECK(m.is_signed() && !v.is_signed(), "adam_step_quantized_cuda: m must be signed and v unsigned");
-  const MomentView mview = view_of(mc, ma, *mt), vview = view_of(vc, va, *vt);
+  const MomentView mview = view_of(mc, ma, mt), vview = view_of(vc, va, vt);
   if (m.bits() == 8) {
     launch_typed<8>(s, p, g, mview, vview, begin, end, block);
   } else {
@@ -234,5 +230,13 @@ double adam_step_quantized_cuda(const AdamStep& h, const at::Tensor& p, const at
   return moved;
 }
 
+}  // namespace
 }  // namespace optim
 }  // namespace frugal
+
+extern "C" __attribute__((visibility("default"))) double frugal_cuda_adam_step_quantized(
+    const frugal::optim::AdamStep& h, const at::Tensor& p, const at::Tensor& g, frugal::optim::QuantizedBuffer& m,
+    frugal::optim::QuantizedBuffer& v, int64_t begin, int64_t end, const frugal::optim::Bf16Rounding& rounding,
+    const frugal::optim::CodeTables& mt, const frugal::optim::CodeTables& vt) {
+  return frugal::optim::adam_step(h, p, g, m, v, begin, end, rounding, mt, vt);
+}

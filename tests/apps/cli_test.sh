@@ -52,6 +52,26 @@ if "$frugal" >"$tmp/out" 2>/dev/null; [ ! -s "$tmp/out" ]; then pass=$((pass + 1
 expect 0 "LibTorch 1\.\|LibTorch 2\." -- --version
 expect 0 "frugal [0-9]*\.[0-9]*\.[0-9]* (" -- --version
 
+# CUDA is loaded only where it can run (memory/cuda_runtime.h): FRUGAL_CUDA is checked, and on a
+# machine without an NVIDIA driver a CUDA build's CLI runs without LibTorch's CUDA half (ld.so's
+# LD_DEBUG=files lists what each process loads), loading it only when FRUGAL_CUDA=on asks.
+FRUGAL_CUDA=maybe expect 2 "FRUGAL_CUDA=maybe: expected auto, on or off" -- train --help
+FRUGAL_CUDA=off expect 2 "device cuda:0 is not available" -- account --device cuda:0
+if [ -e "$(dirname "$frugal")/libfrugal_cuda.so" ]; then
+  if ! /sbin/ldconfig -p | grep -q "libcuda\.so\.1"; then
+    loaded() { LD_DEBUG=files "$@" 2>&1 >/dev/null | grep -c "file=.*$LIB.*\[0\];  needed by\|file=.*$LIB.*\[0\];  dynamically loaded by"; }
+    for lib in libtorch_cuda.so libfrugal_cuda.so; do
+      n=$(LIB=$lib loaded "$frugal" train --help)
+      if [ "$n" = 0 ]; then pass=$((pass + 1)); else echo "FAIL: without an NVIDIA driver, frugal loaded $lib"; failed=$((failed + 1)); fi
+      n=$(FRUGAL_CUDA=on LIB=$lib loaded "$frugal" train --help)
+      if [ "$n" != 0 ]; then pass=$((pass + 1)); else echo "FAIL: FRUGAL_CUDA=on did not load $lib"; failed=$((failed + 1)); fi
+    done
+    FRUGAL_CUDA=on expect 2 "device cuda:0 is not available" -- account --device cuda:0
+  fi
+else
+  FRUGAL_CUDA=on expect 2 "FRUGAL_CUDA=on: this build of frugal has no CUDA" -- train --help
+fi
+
 # Output paths are checked before any work: a folder, a trailing '/', a parent that is a file.
 mkdir -p "$tmp/adir" && touch "$tmp/afile"
 expect 2 "--json-out $tmp/adir is a folder" -- account --json-out "$tmp/adir"

@@ -23,14 +23,23 @@ cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix${torch_path
 cmake --build "$tmp/consumer" -j2 >"$tmp/log" 2>&1 || fail "building against frugal::frugal"
 mkdir -p "$tmp/run"
 # Helpers from the install only: neither the build folder's nor the environment's.
-env -u FRUGAL_SPM_SHIM -u FRUGAL_SPM_TRAIN "$tmp/consumer/consumer" "$tmp/run" >"$tmp/out" 2>"$tmp/log" || fail "running the program"
-python3 - "$tmp/out" <<'PY' || fail "the program's numbers: $(cat "$tmp/out")"
+# A CUDA build's module, installed beside the helpers and copied next to the program, loads from
+# there (FRUGAL_CUDA=on: this machine may have no NVIDIA driver) with LibTorch's CUDA half.
+cuda=""
+if [ -e "$build/libfrugal_cuda.so" ]; then
+  [ -e "$tmp/prefix/lib/frugal/libfrugal_cuda.so" ] || fail "the install lacks lib/frugal/libfrugal_cuda.so"
+  cuda=on
+fi
+env -u FRUGAL_SPM_SHIM -u FRUGAL_SPM_TRAIN -u FRUGAL_CUDA_MODULE FRUGAL_CUDA=${cuda:-auto} "$tmp/consumer/consumer" "$tmp/run" \
+  >"$tmp/out" 2>"$tmp/log" || fail "running the program"
+python3 - "$tmp/out" "$cuda" <<'PY' || fail "the program's numbers: $(cat "$tmp/out")"
 import math, re, sys
-m = re.fullmatch(r"loss (\S+) grad_diff (\S+) roundtrip '(.*)'\n", open(sys.argv[1]).read())
+m = re.fullmatch(r"loss (\S+) grad_diff (\S+) roundtrip '(.*)'\ncuda (.*)\n", open(sys.argv[1]).read())
 assert m, "unexpected output"
 loss, diff = float(m.group(1)), float(m.group(2))
 assert abs(loss - math.log(64)) < 0.5, loss   # an untrained model is near uniform over 64 tokens
 assert diff < 1e-6, diff                      # checkpointing leaves the gradients unchanged
 assert m.group(3) == "lazy fox", m.group(3)
+assert (m.group(4) == "loaded") == (sys.argv[2] == "on"), m.group(4)  # a CPU build: "this build ... has no CUDA"
 PY
 echo "1 passed, 0 failed"

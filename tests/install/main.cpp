@@ -1,9 +1,11 @@
 // A tiny Llama, its loss and gradients plain and checkpointed, and a tokenizer round trip: what an
-// outside program needs from an installed frugal, helpers included.
+// outside program needs from an installed frugal, helpers included; and whether frugal's CUDA
+// module loaded (memory/cuda_runtime.h).
 #include <cstdio>
 #include <string>
 
 #include "frugal/data/tokenizer.h"
+#include "frugal/memory/cuda_runtime.h"
 #include "frugal/models/decoder.h"
 
 int main(int argc, char** argv) {
@@ -24,4 +26,5 @@ int main(int argc, char** argv) {
   frugal::data::train_tokenizer({text}, std::string(argv[argc - 1]) + "/tok", frugal::data::TokenizerTrainOptions().vocab_size(300));
   const auto tok = frugal::data::Tokenizer::load(std::string(argv[argc - 1]) + "/tok.model");
   std::printf("loss %.6f grad_diff %g roundtrip '%s'\n", loss.item<double>(), diff, tok.decode(tok.encode("lazy fox")).c_str());
+  std::printf("cuda %s\n", frugal::memory::load_cuda().loaded ? "loaded" : frugal::memory::load_cuda().reason.c_str());
 }

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <utility>
 
 namespace frugal {
@@ -119,6 +120,11 @@ class TempDir {
 
 // The folder part of a path ("" for a bare name).
 std::string parent_path(const std::string& path);
+
+// Where frugal looks for a helper file it loads at run time (libfrugal_spm.so, libfrugal_cuda.so...),
+// in order: $<env> when set, next to the running executable, in frugal's build folder (a build
+// tree's own programs; absent from installed copies of frugal).
+std::vector<std::string> helper_candidates(const char* env, const std::string& file);
 
 }  // namespace io
 }  // namespace frugal

@@ -127,8 +127,8 @@ void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::T
                              QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding,
                              QuantKernel kernel = QuantKernel::automatic);
 
-// Whether this build has the CUDA kernel below: CMake compiles quantize_cuda.cu against a CUDA
-// build of LibTorch, and a stub that refuses the call otherwise.
+// Whether the CUDA kernel below is in this process: frugal's CUDA module (libfrugal_cuda.so, built
+// against a CUDA build of LibTorch) is loaded (memory/cuda_runtime.h); the call is refused otherwise.
 bool cuda_kernels_built();
 
 // The same step on a CUDA parameter (p, g: contiguous fp32 or bf16 CUDA tensors of end - begin
