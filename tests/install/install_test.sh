@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `cmake --install` into a temporary prefix, then an outside project (this folder) finds it with
-# find_package(frugal), builds against frugal::frugal and runs: a tiny model's checkpointed loss
+# `cmake --install` into a temporary prefix, moved elsewhere after the install (and its package
+# files checked for paths into the source or build folder), then an outside project (this folder)
+# finds it with find_package(frugal), builds against frugal::frugal and runs: a tiny model's checkpointed loss
 # and gradients, and a tokenizer through the installed SentencePiece helpers.
 set -u
 build="$1"
@@ -14,11 +15,22 @@ for f in include/frugal/models/decoder.h lib/libfrugal.a lib/frugal/libfrugal_sp
          lib/cmake/frugal/frugalConfig.cmake lib/cmake/frugal/frugalConfigVersion.cmake; do
   [ -e "$tmp/prefix/$f" ] || fail "the install lacks $f"
 done
+# Relocatable: the package files name nothing inside the source or build folder (a consumer must
+# work once both are gone), and the whole prefix still works after it is moved.
+src=$(cd "$here/../.." && pwd)
+build_abs=$(cd "$build" && pwd)
+for dir in "$src" "$build_abs"; do
+  if grep -rl --include='*.cmake' -- "$dir" "$tmp/prefix/lib/cmake/frugal" >"$tmp/hits" 2>/dev/null; then
+    fail "the installed package names $dir: $(cat "$tmp/hits" | tr '\n' ' ')"
+  fi
+done
+mkdir -p "$tmp/elsewhere" && mv "$tmp/prefix" "$tmp/elsewhere/prefix" || fail "moving the prefix"
+prefix="$tmp/elsewhere/prefix"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 # The LibTorch the build used (CMAKE_PREFIX_PATH in its cache, e.g. PyPI's wheel), after the install.
 torch_path=$(sed -n 's/^CMAKE_PREFIX_PATH:[A-Z]*=//p' "$build/CMakeCache.txt")
-cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix${torch_path:+;$torch_path}" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >"$tmp/log" 2>&1 ||
+cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix${torch_path:+;$torch_path}" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >"$tmp/log" 2>&1 ||
   fail "configuring a project with find_package(frugal)"
 cmake --build "$tmp/consumer" -j2 >"$tmp/log" 2>&1 || fail "building against frugal::frugal"
 mkdir -p "$tmp/run"
@@ -27,7 +39,7 @@ mkdir -p "$tmp/run"
 # there (FRUGAL_CUDA=on: this machine may have no NVIDIA driver) with LibTorch's CUDA half.
 cuda=""
 if [ -e "$build/libfrugal_cuda.so" ]; then
-  [ -e "$tmp/prefix/lib/frugal/libfrugal_cuda.so" ] || fail "the install lacks lib/frugal/libfrugal_cuda.so"
+  [ -e "$prefix/lib/frugal/libfrugal_cuda.so" ] || fail "the install lacks lib/frugal/libfrugal_cuda.so"
   cuda=on
 fi
 env -u FRUGAL_SPM_SHIM -u FRUGAL_SPM_TRAIN -u FRUGAL_CUDA_MODULE FRUGAL_CUDA=${cuda:-auto} "$tmp/consumer/consumer" "$tmp/run" \
