@@ -41,7 +41,9 @@ void write_estimate(io::JsonWriter& w, const train::MemoryEstimate& e) {
   w.begin_object().key("peak_bytes").value(e.peak_bytes).key("peak_at").value(e.peak_at).key("by_category").begin_object();
   for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(e.by_category[static_cast<int>(c)]);
   w.end_object().key("state_in_files_bytes").value(e.state_in_files_bytes);
-  w.key("state_off_device_bytes").value(e.state_off_device_bytes).end_object();
+  w.key("state_off_device_bytes").value(e.state_off_device_bytes);
+  w.key("state_fp32_fallback").begin_object().key("tensors").value(e.state_fp32_fallback_tensors);
+  w.key("params").value(e.state_fp32_fallback_params).end_object().end_object();
 }
 
 // Where the optimizer state lives, when that is not plainly the device's memory.
@@ -57,6 +59,12 @@ void print_state_placement(std::ostream& out, const train::Recipe& r, const trai
         << "and may write them back to the files under pressure; the rest (block scales, small tensors) stays in memory\n";
   } else if (placement == optim::StatePlacement::host) {
     out << "optimizer state: in host memory, which on the CPU is the device's: counted above\n";
+  }
+  if (e.state_fp32_fallback_tensors > 0) {
+    out << "optimizer state: " << e.state_fp32_fallback_tensors << " tensors (" << e.state_fp32_fallback_params
+        << " parameters) keep fp32 state instead of " << optim::precision_name(r.optimizer.state().precision())
+        << ": under " << r.optimizer.state().min_quantized_numel()
+        << " elements each, their block scales would cost more than the codes save\n";
   }
 }
 

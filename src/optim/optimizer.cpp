@@ -746,6 +746,11 @@ void Optimizer::load_state_dict(const TensorDict& state) {
   load_state(source);
 }
 
+StatePrecision Optimizer::state_precision(size_t i) const {
+  const Impl::Param& p = impl_->params.at(i);
+  return effective_precision(p.end - p.begin, impl_->options.state());
+}
+
 int64_t Optimizer::state_bytes() const {
   int64_t total = 0;
   for (const auto& p : impl_->params) {

@@ -126,6 +126,11 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     const optim::StateBufferBytes b = optim::state_bytes_for_parameter(n, r.dtype, r.optimizer);
     S = checked_add(S, b.total, "the optimizer state");
     est.state_in_files_bytes += b.in_files;
+    const optim::StatePrecision asked = r.optimizer.state().precision();
+    if (r.optimizer.algorithm() != optim::Algorithm::sgd && optim::effective_precision(n, r.optimizer.state()) != asked) {
+      ++est.state_fp32_fallback_tensors;
+      est.state_fp32_fallback_params += n;
+    }
   }
   // Host or file placement keeps the state off a GPU; on the CPU that memory is the device's.
   if (r.device.is_cuda() && r.optimizer.state().placement() != optim::StatePlacement::device) {

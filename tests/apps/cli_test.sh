@@ -101,6 +101,8 @@ expect 2 "model.vocab_size must be an integer from 0 to 2147483647" -- train tin
 expect 2 "model.vocab_size=2147483647, model.dim=33554432: too large" -- train tiny --dry-run model.vocab_size=2147483647 model.dim=33554432 model.n_heads=2 model.n_kv_heads=1
 expect 2 "train.seq_len=16777216: too large" -- train tiny --dry-run model.max_seq_len=16777216 train.seq_len=16777216
 # A budget no plan meets: the dry run refuses it as the run would, rather than estimate a fallback plan.
+# Low-bit state that small tensors do not take is counted in the dry run (and the run's summary).
+expect 0 "optimizer state: [0-9]* tensors ([0-9]* parameters) keep fp32 state instead of int8: under 4096 elements" -- train tiny --dry-run model.vocab_size=512 optimizer.state_precision=int8
 expect 2 "memory.activation_budget 1 cannot be met: the smallest achievable activation peak is" -- train tiny --dry-run model.vocab_size=512 memory.activation_budget=1
 expect 2 "train.steps=3 (from the command line)" -- train tiny train.steps=3
 expect 2 "data.val_fraction=0 (from the command line): it must be above 0" -- train tiny data.val_fraction=0

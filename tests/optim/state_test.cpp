@@ -171,6 +171,40 @@ TEST(OptimizerState, BytesFormulaEqualsWhatTheTrackerSees) {
             40 * 128 / 2);
 }
 
+// Low-bit state says which tensors kept fp32: state_precision names it per parameter before the
+// first update, and the state the updates made is held in that precision (biases, under 4096
+// elements, keep fp32 moments; the weights hold codes and block scales).
+TEST(OptimizerState, StatePrecisionNamesTheSmallTensorsFallback) {
+  const auto xs = data(4);
+  for (StatePrecision p : {StatePrecision::int8, StatePrecision::int4, StatePrecision::bf16}) {
+    SCOPED_TRACE(precision_name(p));
+    Mlp m(5);
+    Optimizer opt(m.named_parameters(), adamw(p));
+    const auto names = opt.parameter_names();
+    const auto numels = opt.parameter_numels();
+    std::vector<StatePrecision> before;
+    for (size_t i = 0; i < names.size(); ++i) before.push_back(opt.state_precision(i));
+    train(m, opt, xs);
+    const auto state = opt.state_dict();
+    int fallbacks = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      SCOPED_TRACE(names[i]);
+      const bool small = numels[i] < StateOptions().min_quantized_numel();
+      const bool quantized = p != StatePrecision::bf16;
+      EXPECT_EQ(before[i], quantized && small ? StatePrecision::fp32 : p);
+      EXPECT_EQ(opt.state_precision(i), before[i]);
+      const bool has_codes = state.count(names[i] + ".exp_avg.codes") == 1;
+      EXPECT_EQ(has_codes, before[i] == StatePrecision::int8 || before[i] == StatePrecision::int4);
+      if (!has_codes) {
+        ASSERT_EQ(state.count(names[i] + ".exp_avg"), 1u);
+        EXPECT_EQ(state.at(names[i] + ".exp_avg").scalar_type(), before[i] == StatePrecision::bf16 ? at::kBFloat16 : at::kFloat);
+      }
+      fallbacks += before[i] != p;
+    }
+    EXPECT_EQ(fallbacks, p == StatePrecision::bf16 ? 0 : 3);  // the three biases
+  }
+}
+
 TEST(OptimizerState, MmapAndHostStateEqualInMemoryState) {
   const auto xs = data(20);
   for (StatePrecision p : {StatePrecision::fp32, StatePrecision::int8, StatePrecision::int4}) {

@@ -197,6 +197,33 @@ TEST(Trainer, EstimateMatchesTheMeasuredPeakByCategory) {
   }
 }
 
+// How many tensors keep fp32 state under 8- or 4-bit precision (the dry run and the summary print
+// it): the estimate's count is the optimizer's own, per parameter, on the model the recipe builds.
+TEST(Trainer, EstimateCountsTheStateThatStaysFp32AsTheOptimizerDoes) {
+  for (const char* precision : {"int8", "int4", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const train::Recipe r = tiny("fallback", {std::string("optimizer.state_precision=") + precision});
+    models::DecoderConfig c = r.model;
+    c.vocab_size = 512;
+    auto model = models::make_decoder(c);
+    optim::Optimizer opt(model->named_parameters(), r.optimizer);
+    int64_t tensors = 0, params = 0;
+    const auto numels = opt.parameter_numels();
+    for (size_t i = 0; i < numels.size(); ++i) {
+      if (opt.state_precision(i) != r.optimizer.state().precision()) {
+        ++tensors;
+        params += numels[i];
+      }
+    }
+    const train::MemoryEstimate e = train::estimate_training_memory(r, 512);
+    EXPECT_EQ(e.state_fp32_fallback_tensors, tensors);
+    EXPECT_EQ(e.state_fp32_fallback_params, params);
+    if (std::string(precision) != "bf16") {
+      EXPECT_GT(tensors, 0);  // the norms' weights, under 4096 elements
+    }
+  }
+}
+
 // Every candidate moment of a step is estimated closely enough that the one the estimate names is
 // the one the run reaches: over a grid of loss chunk sizes (one chunk of all 256 tokens down to 16),
 // both optimizer modes, tied and untied embeddings, at a vocabulary of 4096 so that the head's and

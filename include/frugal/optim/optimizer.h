@@ -139,6 +139,11 @@ class Optimizer {
   // The optimized parameters in the order an Exchange indexes them.
   std::vector<std::string> parameter_names() const;
   std::vector<int64_t> parameter_numels() const;
+  // The precision parameter i's Adam(W) moments are held in (or will be, before its first update):
+  // the options' precision, except fp32 where 8- or 4-bit state was asked for a tensor (this
+  // rank's part of it) under StateOptions::min_quantized_numel elements (effective_precision).
+  // SGD's momentum buffer has the gradient's dtype whatever this says.
+  StatePrecision state_precision(size_t i) const;
   // Of the in-backward mode's gradients, how many bytes may be waiting for their average at once
   // before backward waits for the oldest (kDefaultBytesInFlight; one gradient is always allowed).
   void set_bytes_in_flight(int64_t bytes);

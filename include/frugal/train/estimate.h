@@ -29,6 +29,11 @@ struct MemoryEstimate {
   int64_t activation_per_layer = 0;     // one block's kept bytes without checkpointing
   int64_t state_in_files_bytes = 0;     // of optimizer_state, in mapped files (mmap placement)
   int64_t state_off_device_bytes = 0;   // optimizer state in host memory or files while training on a GPU
+  // 8- or 4-bit state asked for, fp32 kept: the tensors (this rank's parts of them) under
+  // optim::StateOptions::min_quantized_numel elements, whose block scales would cost more than
+  // the codes save (optim::effective_precision), and their elements.
+  int64_t state_fp32_fallback_tensors = 0;
+  int64_t state_fp32_fallback_params = 0;
 };
 
 // One rank of a data-parallel job (dist/): its share of each batch (batch_size / world_size rows),
