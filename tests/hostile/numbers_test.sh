@@ -189,7 +189,8 @@ for key, v in [("train.steps", "1x"), ("train.steps", "99999999999999999999"), (
 # 3. Numeric environment variables, on the commands that read them. Every getenv in the sources
 #    must be classed here.
 NUMERIC_ENV = {"MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "FRUGAL_NUM_THREADS", "COLUMNS"}
-TEXT_ENV = {"MASTER_ADDR", "GLOO_SOCKET_IFNAME", "TMPDIR", "FRUGAL_CPU_KERNELS", "FRUGAL_SPM_PARENT", "FRUGAL_TEST_KILL_AFTER_WRITING"}
+TEXT_ENV = {"MASTER_ADDR", "GLOO_SOCKET_IFNAME", "TMPDIR", "FRUGAL_CPU_KERNELS", "FRUGAL_CUDA", "FRUGAL_SPM_PARENT",
+            "FRUGAL_TEST_KILL_AFTER_WRITING"}
 read = set()
 for root in ("src", "apps"):
     for d, _, files in os.walk(os.path.join(src, root)):
