@@ -2,9 +2,16 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 
+#include "frugal/io/units.h"
 #include "frugal/memory/trace.h"
 
 namespace frugal {
@@ -98,7 +105,11 @@ const char* action_name(Action a) {
   return "alloc";
 }
 
-std::shared_ptr<Tracker> Tracker::create(bool keep_events) { return std::shared_ptr<Tracker>(new Tracker(keep_events)); }
+std::shared_ptr<Tracker> Tracker::create(bool keep_events) {
+  std::shared_ptr<Tracker> t(new Tracker(keep_events));
+  t->self_ = t;
+  return t;
+}
 
 Tracker::Tracker(bool keep_events)
     : keep_events_(keep_events),
@@ -115,42 +126,10 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   if (size == 0) return;
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
-  auto dev = std::find_if(device_live_.begin(), device_live_.end(),
-                          [&](const DeviceCounter& d) { return d.device == device; });
-  if (dev == device_live_.end()) {
-    device_live_.push_back({device, 0});
-    dev = device_live_.end() - 1;
-  }
-  const int64_t step = step_.load();
   if (size > 0) {
-    const bool record = capturing();
     ++seq_;
-    live_.insert_or_assign(ptr, Allocation{size, record ? events_.size() : kNotRecorded, scope_id, seq_, category, device});
-    if (record) {
-      events_.push_back(MemoryEvent{t, Action::alloc, size, category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
-    }
-    dev->live += size;
-    category_live_[static_cast<int>(category)] += size;
-    total_live_ += size;
-    if (limit_ > 0 && total_live_ > limit_ && !limit_report_.exceeded) {
-      limit_report_ = LimitReport{true, false, total_live_, size, step, phase, category_live_};
-      limit_seq_ = seq_;
-    }
-    if (total_live_ > peak_.peak_bytes) {
-      peak_.peak_bytes = total_live_;
-      peak_.peak_time_us = t;
-      peak_.peak_step = step;
-      peak_.peak_phase = phase;
-      peak_.breakdown = category_live_;
-      peak_seq_ = seq_;
-    }
-    if (total_live_ > current_summary_.peak_bytes) {
-      current_summary_.peak_bytes = total_live_;
-      current_summary_.time_us = t;
-      current_summary_.phase = phase;
-      current_summary_.breakdown = category_live_;
-      current_summary_seq_ = seq_;
-    }
+    add_live(ptr, Allocation{size, kNotRecorded, scope_id, seq_, category, device, !open_scopes_.count(scope_id), backward_epoch_},
+             phase, t);
     return;
   }
   auto it = live_.find(ptr);
@@ -160,13 +139,81 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   }
   // Rule 2: made and freed while its scope is open, so it was a temporary all along.
   if (it->second.scope_id != 0 && open_scopes_.count(it->second.scope_id)) settle(it->second, Category::temporary);
+  // Without scopes: the program's forward kept it for backward, or made and dropped it.
+  if (implicit_rules_ && it->second.undeclared && it->second.scope_id != 0) {
+    if (phase == Phase::backward) settle(it->second, Category::activation);
+    else if (phase == Phase::idle && it->second.backward_epoch == backward_epoch_) settle(it->second, Category::temporary);
+  }
+  drop_live(it, phase, t);
+}
+
+void Tracker::drop_live(std::unordered_map<void*, Allocation>::iterator it, Phase phase, int64_t t) {  // mutex_ held
   const Allocation a = it->second;
+  void* ptr = it->first;
   live_.erase(it);
-  dev->live -= a.bytes;
+  for (auto& d : device_live_) {
+    if (d.device == a.device) d.live -= a.bytes;
+  }
   category_live_[static_cast<int>(a.category)] -= a.bytes;
   total_live_ -= a.bytes;
   if (a.event_index != kNotRecorded) {  // its allocation is in the timeline, so its free is too
-    events_.push_back(MemoryEvent{t, Action::free, a.bytes, a.category, phase, device, reinterpret_cast<uint64_t>(ptr), step});
+    events_.push_back(MemoryEvent{t, Action::free, a.bytes, a.category, phase, a.device, reinterpret_cast<uint64_t>(ptr), step_.load()});
+  }
+}
+
+void Tracker::sweep_adopted() {  // mutex_ held
+  const int64_t t = now_us();
+  std::vector<Adopted> kept;
+  for (auto& a : adopted_) {
+    auto it = live_.find(a.ptr);
+    if (it == live_.end() || it->second.seq != a.seq) continue;  // gone already, or the address holds another
+    if (a.storage.expired()) {
+      drop_live(it, Phase::idle, t);
+      continue;
+    }
+    kept.push_back(std::move(a));
+  }
+  adopted_ = std::move(kept);
+}
+
+void Tracker::add_live(void* ptr, Allocation a, Phase phase, int64_t t) {  // mutex_ held
+  auto dev = std::find_if(device_live_.begin(), device_live_.end(),
+                          [&](const DeviceCounter& d) { return d.device == a.device; });
+  if (dev == device_live_.end()) {
+    device_live_.push_back({a.device, 0});
+    dev = device_live_.end() - 1;
+  }
+  // An address is live once: an allocation at one still counted was freed unseen (memory adopted
+  // from before tracking, whose frees c10 does not report).
+  auto stale = live_.find(ptr);
+  if (stale != live_.end()) drop_live(stale, phase, t);
+  const int64_t step = step_.load();
+  if (capturing()) {
+    a.event_index = events_.size();
+    events_.push_back(MemoryEvent{t, Action::alloc, a.bytes, a.category, phase, a.device, reinterpret_cast<uint64_t>(ptr), step});
+  }
+  live_.insert_or_assign(ptr, a);
+  dev->live += a.bytes;
+  category_live_[static_cast<int>(a.category)] += a.bytes;
+  total_live_ += a.bytes;
+  if (limit_ > 0 && total_live_ > limit_ && !limit_report_.exceeded) {
+    limit_report_ = LimitReport{true, false, total_live_, a.bytes, step, phase, category_live_};
+    limit_seq_ = seq_;
+  }
+  if (total_live_ > peak_.peak_bytes) {
+    peak_.peak_bytes = total_live_;
+    peak_.peak_time_us = t;
+    peak_.peak_step = step;
+    peak_.peak_phase = phase;
+    peak_.breakdown = category_live_;
+    peak_seq_ = seq_;
+  }
+  if (total_live_ > current_summary_.peak_bytes) {
+    current_summary_.peak_bytes = total_live_;
+    current_summary_.time_us = t;
+    current_summary_.phase = phase;
+    current_summary_.breakdown = category_live_;
+    current_summary_seq_ = seq_;
   }
 }
 
@@ -217,13 +264,36 @@ void Tracker::close_scope(int64_t id) {
 void Tracker::mark(Action action, Phase phase) {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (action == Action::phase_begin && phase == Phase::backward) ++backward_epoch_;
+  if (!adopted_.empty()) sweep_adopted();
   if (!capturing()) return;
   events_.push_back(MemoryEvent{t, action, 0, Category::other, phase, c10::Device(c10::kCPU), 0, step_.load()});
 }
 
 void Tracker::mark_step(int64_t step) {
-  const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
+  explicit_steps_ = true;
+  step_boundary(step);
+}
+
+void Tracker::mark_implicit_step(int64_t step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!explicit_steps_) step_boundary(step);
+}
+
+void Tracker::begin_implicit_phase(Phase /*phase*/) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  implicit_rules_ = true;
+}
+
+bool Tracker::implicit_rules() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return implicit_rules_;
+}
+
+void Tracker::step_boundary(int64_t step) {  // mutex_ held
+  if (!adopted_.empty()) sweep_adopted();
+  const int64_t t = now_us();
   if (current_summary_.step >= 0) {
     summaries_.push_back(current_summary_);
     summary_seqs_.push_back(current_summary_seq_);
@@ -361,6 +431,141 @@ Trace Tracker::trace() const {
 
 void Tracker::write_timeline_json(std::ostream& out) const { write_trace(out, trace()); }
 
+// ---- watching a model made before tracking ----
+
+namespace {
+
+// Tags a watched parameter's gradient the moment autograd has accumulated it.
+class GradientTag : public torch::autograd::FunctionPostHook {
+ public:
+  GradientTag(std::weak_ptr<Tracker> tracker, at::Tensor param) : tracker_(std::move(tracker)), param_(std::move(param)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    const at::Tensor& grad = param_.grad();
+    if (grad.defined() && grad.has_storage()) {
+      if (auto t = tracker_.lock()) t->retag(grad.storage().data(), Category::gradient);
+    }
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<Tracker> tracker_;
+  at::Tensor param_;  // the accumulator holds it already
+};
+
+}  // namespace
+
+struct Tracker::WatchHook {
+  // kept alive so the hook stays on it: a shared_ptr in LibTorch 1.13, an intrusive_ptr in 2.x
+  decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>())) accumulator;
+  uintptr_t key;
+};
+
+Tracker::~Tracker() {
+  for (auto& h : watch_hooks_) h->accumulator->del_post_hook(h->key);
+}
+
+void Tracker::adopt(const at::Tensor& tensor, Category category) {  // mutex_ held
+  if (!tensor.defined() || !tensor.has_storage()) return;
+  void* ptr = const_cast<void*>(static_cast<const void*>(tensor.storage().data()));
+  const auto bytes = static_cast<int64_t>(tensor.storage().nbytes());
+  if (ptr == nullptr || bytes == 0) return;
+  auto it = live_.find(ptr);
+  if (it != live_.end()) {  // made while tracking: what it is, from its allocation on
+    settle(it->second, category);
+    it->second.scope_id = 0;
+    return;
+  }
+  // Made before tracking: counted from now. c10 reports no free of memory allocated before its
+  // reporting began, so the tracker watches for the storage to go (sweep_adopted).
+  ++seq_;
+  add_live(ptr, Allocation{bytes, kNotRecorded, 0, seq_, category, tensor.device(), false, backward_epoch_}, Phase::idle, now_us());
+  adopted_.push_back({ptr, seq_, tensor.storage().getWeakStorageImpl()});
+}
+
+void Tracker::watch(const torch::nn::Module& module) {
+  watch(module.parameters(/*recurse=*/true), module.buffers(/*recurse=*/true));
+}
+
+void Tracker::watch(const std::vector<at::Tensor>& parameters, const std::vector<at::Tensor>& buffers) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    implicit_rules_ = true;
+    if (!adopted_.empty()) sweep_adopted();
+    for (const auto& b : buffers) adopt(b, Category::parameter);
+    for (const auto& p : parameters) {
+      adopt(p, Category::parameter);
+      if (p.defined()) adopt(p.grad(), Category::gradient);
+    }
+  }
+  for (const auto& p : parameters) {
+    if (!p.defined() || !p.requires_grad() || !p.is_leaf()) continue;
+    auto h = std::make_shared<WatchHook>();
+    h->accumulator = torch::autograd::impl::grad_accumulator(p);
+    if (!h->accumulator) continue;
+    h->key = h->accumulator->add_post_hook(std::make_unique<GradientTag>(self_, p));
+    std::lock_guard<std::mutex> lock(mutex_);
+    watch_hooks_.push_back(std::move(h));
+  }
+}
+
+MemoryReport Tracker::report(int64_t first_step) const {
+  const auto steps = step_summaries();
+  const bool any = std::any_of(steps.begin(), steps.end(), [&](const StepSummary& s) { return s.step >= first_step; });
+  return MemoryReport::from(any ? peak_over_steps(steps, first_step) : peak_report());
+}
+
+MemoryReport MemoryReport::from(const PeakReport& p) {
+  MemoryReport r;
+  r.peak_bytes = p.peak_bytes;
+  r.peak_step = p.peak_step;
+  r.peak_phase = p.peak_phase;
+  r.first_step = p.covers_first_step;
+  r.last_step = p.covers_last_step;
+  auto at = [&](Category c) { return p.breakdown[static_cast<int>(c)]; };
+  r.parameter = at(Category::parameter);
+  r.gradient = at(Category::gradient);
+  r.optimizer_state = at(Category::optimizer_state);
+  r.activation = at(Category::activation);
+  r.temporary = at(Category::temporary);
+  r.input = at(Category::input);
+  r.other = at(Category::other);
+  return r;
+}
+
+int64_t MemoryReport::at_peak(Category c) const {
+  switch (c) {
+    case Category::parameter: return parameter;
+    case Category::gradient: return gradient;
+    case Category::optimizer_state: return optimizer_state;
+    case Category::activation: return activation;
+    case Category::temporary: return temporary;
+    case Category::input: return input;
+    case Category::other: return other;
+  }
+  return 0;
+}
+
+CategoryBytes MemoryReport::breakdown() const {
+  CategoryBytes b{};
+  for (auto c : kAllCategories) b[static_cast<int>(c)] = at_peak(c);
+  return b;
+}
+
+std::ostream& operator<<(std::ostream& out, const MemoryReport& r) {
+  std::ostringstream s;
+  s << "peak " << io::human_bytes(r.peak_bytes) << " (";
+  if (r.peak_step >= 0) s << "step " << r.peak_step << ", ";
+  else s << "set-up, ";
+  s << phase_name(r.peak_phase) << "):";
+  const char* sep = " ";
+  for (auto c : kAllCategories) {
+    s << sep << category_name(c) << " " << io::human_bytes(r.at_peak(c));
+    sep = ", ";
+  }
+  return out << s.str();
+}
+
 // ---- guards ----
 
 struct TrackingGuard::Impl {
@@ -420,6 +625,18 @@ void tag(const at::Tensor& tensor, Category category) {
 void mark_step(int64_t step) {
   if (ScopeReporter* r = current_reporter()) r->tracker()->mark_step(step);
 }
+
+void mark_step_if_implicit(int64_t step) {
+  if (ScopeReporter* r = current_reporter()) r->tracker()->mark_implicit_step(step);
+}
+
+ImplicitPhase::ImplicitPhase(Phase phase) {
+  ScopeReporter* r = current_reporter();
+  if (r == nullptr || r->phase() != Phase::idle) return;
+  r->tracker()->begin_implicit_phase(phase);
+  scope_ = std::make_unique<PhaseScope>(phase);
+}
+ImplicitPhase::~ImplicitPhase() = default;
 
 }  // namespace memory
 }  // namespace frugal

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <chrono>
@@ -47,6 +48,19 @@ enum class Pass { step, measure_norm };
 // The clip coefficient min(1, max_norm / (norm + 1e-6)) as a tensor (no device sync).
 at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
   return (max_norm / (norm + 1e-6)).clamp_max(1.0);
+}
+
+}  // namespace
+
+namespace {
+
+// loss.backward() under two-pass clipping: the first gradient arrives before any norm was measured.
+// A plain std::logic_error (autograd hands it to the caller as it is), so the sentence comes
+// without a backtrace; no parameter has changed yet.
+[[noreturn]] void throw_two_pass_needs_backward() {
+  throw std::logic_error(
+      "optimizer: two-pass global-norm clipping measures the gradient norm in a first backward pass, so call "
+      "optimizer.backward(loss) instead of loss.backward()");
 }
 
 }  // namespace
@@ -205,9 +219,7 @@ struct Optimizer::Impl {
         exchange->release(/*wait=*/false);  // as drain does: the operation's hold on the gradient goes now
         return;
       }
-      TORCH_CHECK(options.clip() != Clip::global_norm_two_pass || norm_ready,
-                  "optimizer: two-pass global-norm clipping needs optimizer.backward(loss) instead of "
-                  "loss.backward(), so that the norm is measured first");
+      if (options.clip() == Clip::global_norm_two_pass && !norm_ready) throw_two_pass_needs_backward();
       pending.push_back({i, grad, exchange->average_gradient(i, grad)});
       pending_bytes += grad.numel() * static_cast<int64_t>(grad.element_size());
       drain(bytes_in_flight);  // backward goes on while the newest are on their way
@@ -217,9 +229,7 @@ struct Optimizer::Impl {
       const at::Tensor n = grad.norm().to(at::kDouble);
       norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
     } else {
-      TORCH_CHECK(options.clip() != Clip::global_norm_two_pass || norm_ready,
-                  "optimizer: two-pass global-norm clipping needs optimizer.backward(loss) instead of "
-                  "loss.backward(), so that the norm is measured first");
+      if (options.clip() == Clip::global_norm_two_pass && !norm_ready) throw_two_pass_needs_backward();
       clip_and_update(p, grad);
     }
     p.tensor.mutable_grad().reset();  // the whole point: the gradient is gone as soon as it is used
@@ -275,7 +285,34 @@ std::vector<ParamGroup> one_group(const torch::OrderedDict<std::string, at::Tens
   return {g};
 }
 
+void refuse_amsgrad(bool amsgrad, const char* options) {
+  if (amsgrad) {
+    throw std::invalid_argument(std::string("optimizer: ") + options +
+                                ".amsgrad(true) is not supported (frugal's Adam and AdamW keep no maximum of the second moment)");
+  }
+}
+
 }  // namespace
+
+AdamWOptions::operator OptimizerOptions() const {
+  refuse_amsgrad(amsgrad(), "AdamWOptions");
+  return memory_options().algorithm(Algorithm::adamw).lr(lr()).beta1(std::get<0>(betas())).beta2(std::get<1>(betas()))
+      .eps(eps()).weight_decay(weight_decay());
+}
+
+AdamOptions::operator OptimizerOptions() const {
+  refuse_amsgrad(amsgrad(), "AdamOptions");
+  return memory_options().algorithm(Algorithm::adam).lr(lr()).beta1(std::get<0>(betas())).beta2(std::get<1>(betas()))
+      .eps(eps()).weight_decay(weight_decay());
+}
+
+SGDOptions::operator OptimizerOptions() const {
+  return memory_options().algorithm(Algorithm::sgd).lr(lr()).momentum(momentum()).dampening(dampening())
+      .weight_decay(weight_decay()).nesterov(nesterov());
+}
+
+Optimizer::Optimizer(const std::vector<at::Tensor>& parameters, const OptimizerOptions& options)
+    : Optimizer(std::vector<ParamGroup>{ParamGroup(parameters)}, options) {}
 
 Optimizer::Optimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                      const OptimizerOptions& options)
@@ -286,8 +323,13 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
   check_options(options);
   impl_->options = options;
   std::map<std::string, int> seen;
+  size_t position = 0;  // of the parameter among all groups', for unnamed ones
   for (size_t g = 0; g < groups.size(); ++g) {
     ParamGroup& group = groups[g];
+    if (group.names.empty()) {
+      for (size_t i = 0; i < group.params.size(); ++i) group.names.push_back(std::to_string(position + i));
+    }
+    position += group.params.size();
     if (group.names.size() != group.params.size()) {
       throw std::invalid_argument("optimizer: group " + std::to_string(g) + " has " +
                                   std::to_string(group.names.size()) + " names for " +
@@ -339,6 +381,7 @@ Optimizer::~Optimizer() {
 
 void Optimizer::backward(const at::Tensor& loss) {
   Impl& s = *impl_;
+  memory::ImplicitPhase phase(memory::Phase::backward);
   if (s.options.mode() == Mode::in_backward && s.options.clip() == Clip::global_norm_two_pass) {
     // Pass 1: measure the global norm; gradients are freed as they come, the graph is kept.
     s.pass = Pass::measure_norm;
@@ -380,9 +423,11 @@ void Optimizer::backward(const at::Tensor& loss) {
 bool Optimizer::step() {
   Impl& s = *impl_;
   if (++s.micro_steps % s.options.accumulation_steps() != 0) return false;
+  memory::ImplicitPhase phase(memory::Phase::optimizer);
   if (s.options.mode() == Mode::in_backward) {
     if (s.exchange) s.settle();  // loss.backward() was called directly
     ++s.steps_taken;
+    memory::mark_step_if_implicit(s.steps_taken);
     return true;
   }
   at::NoGradGuard no_grad;
@@ -428,6 +473,7 @@ bool Optimizer::step() {
     s.settle();
   }
   ++s.steps_taken;
+  memory::mark_step_if_implicit(s.steps_taken);
   return true;
 }
 
@@ -744,6 +790,34 @@ void Optimizer::load_state_dict(const TensorDict& state) {
   for (const auto& [name, tensor] : state) source.entries.emplace_back(name, tensor.sizes().vec());
   source.load = [&state](const std::string& name) { return state.at(name); };
   load_state(source);
+}
+
+namespace {
+constexpr const char* kArchiveKey = "frugal_optimizer_state";
+}  // namespace
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive, const Optimizer& optimizer) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : optimizer.state_dict()) dict.insert(name, tensor);
+  archive.write(kArchiveKey, c10::IValue(dict));
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, Optimizer& optimizer) {
+  c10::IValue value;
+  if (!archive.try_read(kArchiveKey, value) || !value.isGenericDict()) {
+    throw std::invalid_argument(std::string("optimizer: the archive holds no '") + kArchiveKey +
+                                "' entry (it was not written by torch::save of a frugal optimizer)");
+  }
+  TensorDict state;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString() || !item.value().isTensor()) {
+      throw std::invalid_argument(std::string("optimizer: the archive's '") + kArchiveKey + "' holds an entry that is not a name and a tensor");
+    }
+    state.emplace(item.key().toStringRef(), item.value().toTensor());
+  }
+  optimizer.load_state_dict(state);
+  return archive;
 }
 
 StatePrecision Optimizer::state_precision(size_t i) const {

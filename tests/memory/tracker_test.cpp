@@ -3,9 +3,13 @@
 // other threads.
 #include <ATen/ThreadLocalState.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -467,4 +471,127 @@ TEST(Tracker, BoundedCaptureRecordsWhatIsLiveWhenACapturedStepBegins) {
   EXPECT_EQ(replayed.front().step, 2);
   EXPECT_EQ(replayed.front().peak_bytes, t.steps[2].peak_bytes);  // 1000 + 1200: the chart agrees with the table
   EXPECT_EQ(t.steps[2].peak_bytes, 2200);
+}
+
+// A model built before tracking (the LibTorch habit) is adopted by watch(): its parameters and
+// buffers are parameter from then on, and its gradients are gradient even when torch::optim and
+// loss.backward() make them; adopted memory leaves the counts once its storage is gone.
+TEST(Tracker, WatchAdoptsAModelBuiltBeforeTrackingAndItsGradients) {
+  auto net = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::BatchNorm1d(256), torch::nn::ReLU(),
+                                   torch::nn::Linear(256, 8));
+  int64_t param_bytes = 0, buffer_bytes = 0;
+  for (const auto& p : net->parameters()) param_bytes += bytes_of(p);
+  for (const auto& b : net->buffers()) buffer_bytes += bytes_of(b);
+  ASSERT_GT(buffer_bytes, 0);
+  auto tracker = memory::Tracker::create();
+  tracker->watch(*net);
+  EXPECT_EQ(cat(*tracker, Category::parameter), param_bytes + buffer_bytes);
+  EXPECT_TRUE(tracker->implicit_rules());
+  {
+    memory::TrackingGuard on(tracker);
+    torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1e-3));
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      net->forward(at::randn({32, 64})).pow(2).mean().backward();
+      EXPECT_EQ(cat(*tracker, Category::gradient), param_bytes) << "step " << step;
+      opt.step();
+    }
+    EXPECT_EQ(cat(*tracker, Category::parameter), param_bytes + buffer_bytes);  // BatchNorm updated its buffers in place
+  }
+  // Memory adopted from before tracking is seen leaving when it is freed while tracking.
+  at::Tensor extra = at::ones({1000});
+  tracker->watch({}, {extra});
+  EXPECT_EQ(cat(*tracker, Category::parameter), param_bytes + buffer_bytes + 4000);
+  {
+    memory::TrackingGuard on(tracker);
+    extra.reset();  // c10 reports no free of memory allocated before reporting began...
+    memory::PhaseScope next(Phase::forward);  // ...so the tracker sees the storage gone at the next mark
+  }
+  EXPECT_EQ(cat(*tracker, Category::parameter), param_bytes + buffer_bytes);
+  EXPECT_EQ(tracker->untracked_frees(), 0);
+}
+
+// With frugal's optimizer and no scopes, backward and the optimizer are marked for the program,
+// steps are marked after each update, and what the program's forward kept for backward is
+// activation: the same bytes as the loop with the trainer's scopes, category by category.
+TEST(Tracker, PlainLoopWithFrugalsOptimizerGetsTheScopedLoopsBreakdown) {
+  auto run = [](bool scopes) {
+    torch::manual_seed(0);
+    auto tracker = memory::Tracker::create();
+    std::optional<TinyModel> m;
+    std::optional<memory::TrackingGuard> on;
+    if (scopes) {
+      on.emplace(tracker);
+      memory::CategoryScope params(Category::parameter);
+      m.emplace(3);
+    } else {
+      m.emplace(3);
+      std::vector<at::Tensor> ps = m->params;
+      tracker->watch(ps);
+      on.emplace(tracker);
+    }
+    std::vector<std::string> names;
+    for (size_t i = 0; i < m->params.size(); ++i) names.push_back(std::to_string(i));
+    optim::Optimizer opt({optim::ParamGroup(names, m->params)}, optim::AdamWOptions(1e-3));
+    for (int step = 0; step < 4; ++step) {
+      if (scopes) memory::mark_step(step);
+      at::Tensor x;
+      {
+        std::optional<memory::CategoryScope> input;
+        if (scopes) input.emplace(Category::input);
+        x = at::randn({4, 16, 32});
+      }
+      at::Tensor loss;
+      {
+        std::optional<memory::PhaseScope> fw;
+        if (scopes) fw.emplace(Phase::forward);
+        loss = checkpoint::run_chain(m->chain, x, checkpoint::CheckpointPolicy::none()).pow(2).mean();
+      }
+      opt.backward(loss);
+      opt.step();
+      opt.zero_grad();
+    }
+    if (!scopes) {
+      EXPECT_EQ(tracker->current_step(), 4);
+    }
+    return tracker->report();
+  };
+  const memory::MemoryReport scoped = run(true), plain = run(false);
+  std::ostringstream a, b;
+  a << scoped;
+  b << plain;
+  SCOPED_TRACE("scoped: " + a.str() + "\nplain:  " + b.str());
+  EXPECT_EQ(plain.peak_phase, Phase::backward);
+  EXPECT_EQ(plain.peak_phase, scoped.peak_phase);
+  EXPECT_EQ(plain.parameter, scoped.parameter);
+  EXPECT_EQ(plain.gradient, scoped.gradient);
+  EXPECT_EQ(plain.optimizer_state, scoped.optimizer_state);
+  EXPECT_EQ(plain.parameter, plain.at_peak(Category::parameter));
+  // The scoped loop's activation also holds the loss scalar (kept past backward), and its input
+  // is the plain loop's other.
+  EXPECT_NEAR(static_cast<double>(plain.activation), static_cast<double>(scoped.activation), 256.0);
+  EXPECT_EQ(plain.other + plain.activation, scoped.input + scoped.activation + scoped.other);
+  EXPECT_GT(plain.activation, 0);
+  EXPECT_EQ(plain.peak_bytes, scoped.peak_bytes);
+}
+
+// The program that marks its own steps keeps its numbering: the optimizer marks none.
+TEST(Tracker, ExplicitStepsWinOverTheOptimizers) {
+  TinyModel m(1);
+  auto tracker = memory::Tracker::create();
+  tracker->watch(m.params);
+  memory::TrackingGuard on(tracker);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < m.params.size(); ++i) names.push_back(std::to_string(i));
+  optim::Optimizer opt({optim::ParamGroup(names, m.params)}, optim::AdamWOptions(1e-3));
+  for (int step = 0; step < 3; ++step) {
+    memory::mark_step(100 + step);
+    opt.backward(checkpoint::run_chain(m.chain, at::randn({2, 8, 32}), checkpoint::CheckpointPolicy::none()).pow(2).mean());
+    opt.step();
+    opt.zero_grad();
+  }
+  EXPECT_EQ(tracker->current_step(), 102);
+  const auto r = tracker->report(101);
+  EXPECT_EQ(r.first_step, 101);
+  EXPECT_EQ(r.last_step, 102);
 }

@@ -7,6 +7,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/models/transformer_block.h"
@@ -367,4 +368,129 @@ TEST(Optimizer, NameTablesReadBackEveryValue) {
   for (auto k : optim::kAllScheduleKinds) EXPECT_EQ(optim::parse_schedule(optim::schedule_name(k)), k);
   EXPECT_FALSE(optim::parse_algorithm("lion").has_value());
   EXPECT_FALSE(optim::parse_clip("Global_Norm").has_value());
+}
+
+// The LibTorch habit: parameters(), per-algorithm options with torch::optim's defaults (AdamW's
+// weight decay 1e-2 included, which OptimizerOptions' 0 would silently drop), betas as a tuple.
+TEST(Optimizer, LibTorchStyleOptionsTrainAsTorchOptimWithItsDefaults) {
+  const auto data = batches(10, 41);
+  struct Case {
+    const char* name;
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<at::Tensor>, Mode)> ours;
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)> reference;
+    Algorithm algorithm;
+  };
+  const std::vector<Case> cases = {
+      {"AdamWOptions defaults",
+       [](std::vector<at::Tensor> p, Mode m) { return std::make_unique<optim::Optimizer>(p, optim::AdamWOptions(1e-2).mode(m)); },
+       [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2)); },
+       Algorithm::adamw},
+      {"AdamOptions betas",
+       [](std::vector<at::Tensor> p, Mode m) {
+         return std::make_unique<optim::Optimizer>(p, optim::AdamOptions(1e-2).betas({0.8, 0.99}).weight_decay(0.01).mode(m));
+       },
+       [](std::vector<at::Tensor> p) {
+         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).betas({0.8, 0.99}).weight_decay(0.01));
+       },
+       Algorithm::adam},
+      {"SGDOptions momentum",
+       [](std::vector<at::Tensor> p, Mode m) {
+         return std::make_unique<optim::Optimizer>(p, optim::SGDOptions(0.05).momentum(0.9).mode(m));
+       },
+       [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9)); },
+       Algorithm::sgd},
+  };
+  for (const auto& c : cases) {
+    for (Mode mode : {Mode::standard, Mode::in_backward}) {
+      SCOPED_TRACE(std::string(c.name) + " " + optim::mode_name(mode));
+      Model ours(2, 32, 7), ref(2, 32, 7);
+      auto opt = c.ours(ours.parameters(), mode);
+      auto reference = c.reference(ref.parameters());
+      for (const auto& x : data) {  // loss.backward(), as a LibTorch loop does
+        opt->zero_grad();
+        ours.loss(x).backward();
+        opt->step();
+      }
+      train_reference(ref, *reference, data);
+      EXPECT_LE(max_param_diff(ours, ref), torch_optim_tolerance(c.algorithm, at::kFloat));
+    }
+  }
+  EXPECT_DOUBLE_EQ(OptimizerOptions(optim::AdamWOptions()).weight_decay(), torch::optim::AdamWOptions().weight_decay());
+  EXPECT_DOUBLE_EQ(OptimizerOptions(optim::AdamOptions()).weight_decay(), torch::optim::AdamOptions().weight_decay());
+  const OptimizerOptions low = optim::AdamWOptions().state_precision(optim::StatePrecision::int8).mode(Mode::in_backward);
+  EXPECT_EQ(low.state().precision(), optim::StatePrecision::int8);
+  EXPECT_EQ(low.mode(), Mode::in_backward);
+  Model m(1, 32, 0);
+  try {
+    optim::Optimizer opt(m.parameters(), optim::AdamWOptions().amsgrad(true));
+    FAIL() << "amsgrad was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("amsgrad"), std::string::npos) << e.what();
+  }
+}
+
+// Groups as torch::optim makes them (tensors and what differs), named by position in the state dict.
+TEST(Optimizer, UnnamedParamGroupsAreNamedByPosition) {
+  Model m(1, 32, 0);
+  auto ps = m.parameters();
+  const std::vector<at::Tensor> first(ps.begin(), ps.begin() + 2), rest(ps.begin() + 2, ps.end());
+  optim::Optimizer opt({optim::ParamGroup(first, 0.1), optim::ParamGroup(rest)}, optim::AdamWOptions(1e-3));
+  EXPECT_DOUBLE_EQ(opt.lr(0), 0.1);
+  EXPECT_DOUBLE_EQ(opt.lr(1), 1e-3);
+  const auto names = opt.parameter_names();
+  ASSERT_EQ(names.size(), ps.size());
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(names[i], std::to_string(i));
+  opt.backward(m.loss(batches(1)[0]));
+  opt.step();
+  EXPECT_EQ(opt.state_dict().count(std::to_string(ps.size() - 1) + ".exp_avg_sq"), 1u);
+}
+
+// torch::save and torch::load carry the state: a run saved half-way and loaded into a new optimizer
+// follows the uninterrupted run exactly; a file without frugal's entry is refused by name.
+TEST(Optimizer, TorchSaveAndLoadContinueTheTrajectory) {
+  const auto data = batches(8, 43);
+  const std::vector<at::Tensor> first(data.begin(), data.begin() + 4), second(data.begin() + 4, data.end());
+  const auto opts = optim::AdamWOptions(5e-3).state(optim::StateOptions().precision(optim::StatePrecision::int8).min_quantized_numel(256));
+  Model straight(2, 32, 12);
+  optim::Optimizer o1(straight.parameters(), opts);
+  train(straight, o1, data);
+
+  const std::string path = ::testing::TempDir() + "/frugal_optimizer.pt";
+  Model resumed(2, 32, 12);
+  {
+    optim::Optimizer o(resumed.parameters(), opts);
+    train(resumed, o, first);
+    torch::save(o, path);
+  }
+  optim::Optimizer o(resumed.parameters(), opts);
+  torch::load(o, path);
+  train(resumed, o, second);
+  EXPECT_LE(max_param_diff(resumed, straight), 1e-6);
+
+  const std::string other = ::testing::TempDir() + "/frugal_not_optimizer.pt";
+  torch::save(at::ones({2}), other);
+  try {
+    torch::load(o, other);
+    FAIL() << "a tensor file was loaded as optimizer state";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("frugal_optimizer_state"), std::string::npos) << e.what();
+  }
+}
+
+// loss.backward() under two-pass clipping in backward: one sentence (no backtrace), nothing changed.
+TEST(Optimizer, LossBackwardWithTwoPassClippingFailsWithOneSentence) {
+  Model m(1, 32, 0);
+  std::vector<at::Tensor> before;
+  for (const auto& p : m.parameters()) before.push_back(p.detach().clone());
+  optim::Optimizer opt(m.parameters(), optim::AdamWOptions().mode(Mode::in_backward).clip(Clip::global_norm_two_pass));
+  try {
+    m.loss(batches(1)[0]).backward();
+    FAIL() << "loss.backward() ran under two-pass clipping";
+  } catch (const std::logic_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("call optimizer.backward(loss) instead of loss.backward()"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  const auto ps = m.parameters();
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(ps[i].equal(before[i]));
 }

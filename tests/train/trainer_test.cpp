@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <torch/version.h>
+#include <sstream>
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "frugal/memory/tracker.h"
 #include "frugal/models/generation.h"
 #include "frugal/models/hf_checkpoint.h"
+#include "frugal/optim/optimizer.h"
 #include "frugal/train/run_state.h"
 #include "frugal/train/trainer.h"
 
@@ -475,4 +477,54 @@ TEST(Trainer, InitFromTrainsTheModelItsConfigDefines) {
   ASSERT_EQ(r.losses.size(), 2u);
   EXPECT_GT(r.losses[0], 0);
   EXPECT_THROW(tiny("init-from", {"model.init_from=" + dir, "model.dim=32"}), train::RecipeError);
+}
+
+// The LibTorch habit: build the model, watch it, train with frugal's optimizer and no scopes of
+// one's own. The steady-state breakdown is the trainer's for the same recipe: the same bytes of
+// parameters, gradients and optimizer state, and activations within what the two loops hold
+// differently (the trainer's batches are input, the plain loop's other; the loss scalar).
+TEST(Trainer, PlainLoopWithoutScopesGivesTheTrainersBreakdown) {
+  const std::vector<std::vector<std::string>> configs = {
+      {"memory.checkpointing=none"},
+      {"memory.checkpointing=full", "memory.chunked_loss=true", "optimizer.in_backward=true", "optimizer.state_precision=int8"},
+      {"memory.checkpointing=every_2", "optimizer.state_precision=bf16", "optimizer.clip=global_norm"},
+  };
+  for (const auto& o : configs) {
+    std::string label;
+    for (const auto& k : o) label += k + " ";
+    SCOPED_TRACE(label);
+    const train::Recipe recipe = tiny("plain", short_run(o));
+    const auto r = train::run_training(recipe, train::TrainOptions().sample(false), quiet);
+    const memory::MemoryReport trainer = memory::MemoryReport::from(memory::peak_over_steps(r.tracker->step_summaries(), 1));
+
+    models::DecoderConfig cfg = recipe.model;
+    cfg.vocab_size = r.vocab_size;
+    torch::manual_seed(0);
+    auto model = models::make_decoder(cfg);  // before any tracker, as LibTorch code does
+    model->set_checkpointing(recipe.checkpointing);
+    auto tracker = memory::Tracker::create();
+    tracker->watch(*model);
+    memory::TrackingGuard on(tracker);
+    optim::Optimizer opt(model->named_parameters(), recipe.optimizer);
+    for (int64_t step = 0; step < recipe.steps; ++step) {
+      const at::Tensor x = at::randint(cfg.vocab_size, {recipe.batch_size, recipe.seq_len}, at::kLong);
+      const at::Tensor y = at::randint(cfg.vocab_size, {recipe.batch_size, recipe.seq_len}, at::kLong);
+      opt.backward(model->loss(x, y, recipe.loss));
+      opt.step();
+      opt.zero_grad();
+    }
+    EXPECT_EQ(tracker->current_step(), recipe.steps);  // the optimizer marked a step after each update
+    const memory::MemoryReport plain = tracker->report();
+    std::printf("[ plain    ] %s\n[ trainer  ] %s\n", [&] { std::ostringstream s; s << plain; return s.str(); }().c_str(),
+                [&] { std::ostringstream s; s << trainer; return s.str(); }().c_str());
+    EXPECT_GE(plain.first_step, 1);
+    EXPECT_EQ(plain.parameter, trainer.parameter);
+    EXPECT_EQ(plain.gradient, trainer.gradient);
+    EXPECT_EQ(plain.optimizer_state, trainer.optimizer_state);
+    EXPECT_EQ(plain.peak_phase, trainer.peak_phase);
+    const double tol = 0.02 * static_cast<double>(trainer.peak_bytes);
+    EXPECT_NEAR(static_cast<double>(plain.activation), static_cast<double>(trainer.activation), tol);
+    EXPECT_NEAR(static_cast<double>(plain.peak_bytes), static_cast<double>(trainer.peak_bytes), tol);
+    EXPECT_GT(plain.activation, 0);
+  }
 }

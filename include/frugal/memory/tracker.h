@@ -10,6 +10,18 @@
 //     { frugal::memory::PhaseScope bw(frugal::memory::Phase::backward); loss.backward(); } }
 //   tracker->peak_report().breakdown;   // bytes per Category at the peak
 //
+// A model built before tracking began (the LibTorch habit) is adopted with watch(): its
+// parameters and buffers count as parameter from then on, and its gradients as gradient whoever
+// makes them. With frugal's optimizer and checkpointing and no scopes of the program's own, the
+// steps and phases are marked for it (see "Without scopes" below), and report() answers with the
+// steady-state peak:
+//
+//   auto model = MyNet();  auto tracker = frugal::memory::Tracker::create();
+//   tracker->watch(*model);
+//   frugal::memory::TrackingGuard on(tracker);
+//   for (...) { auto loss = model->forward(x); opt.backward(loss); opt.step(); opt.zero_grad(); }
+//   auto r = tracker->report();   // r.peak_bytes, r.parameter, r.at_peak(Category::activation)
+//
 // Categories follow the one rule in category.h (tag > freed inside its scope = temporary > the
 // scope's category). The tracker applies it when it learns a fact (a free inside the scope, a
 // tag) to the live counters, the event list, the recorded peak, every step summary and the limit
@@ -35,12 +47,19 @@
 
 #include "frugal/memory/category.h"
 
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
+
 namespace frugal {
 namespace memory {
 
 enum class Action : uint8_t { alloc, free, phase_begin, phase_end, step };
 const char* action_name(Action a);
 
+// One entry of the timeline: an allocation or free, a phase boundary, or a step mark.
 struct MemoryEvent {
   int64_t time_us = 0;  // since the tracker was created
   Action action = Action::alloc;
@@ -66,6 +85,28 @@ struct PeakReport {
   int64_t covers_first_step = -1, covers_last_step = -1;
 };
 
+// What a training run's memory was at its peak, by name: report() of a Tracker. The per-category
+// fields are the bytes each category held at that moment.
+struct MemoryReport {
+  int64_t peak_bytes = 0;
+  int64_t peak_step = -1;            // the step in which it was reached (-1: set-up)
+  Phase peak_phase = Phase::idle;
+  // The steps it covers (first_step -1: set-up included).
+  int64_t first_step = -1, last_step = -1;
+  int64_t parameter = 0, gradient = 0, optimizer_state = 0, activation = 0, temporary = 0, input = 0, other = 0;
+
+  // The bytes category c held at the peak (the field of that name).
+  int64_t at_peak(Category c) const;
+  // Every category's bytes at the peak, indexed by static_cast<int>(Category).
+  CategoryBytes breakdown() const;
+  // The same peak by name (what trace.h's peak_over_steps returns, say).
+  static MemoryReport from(const PeakReport& peak);
+};
+// "peak 113.0 MiB (step 2, backward): parameter 40.0 MiB, gradient ..." on one line.
+std::ostream& operator<<(std::ostream& out, const MemoryReport& report);
+
+// Sees every tensor allocation and free while installed (TrackingGuard) and keeps the live bytes
+// per category, the peak and what made it up, one summary per step and, optionally, the events.
 class Tracker {
  public:
   // keep_events = false keeps only counters and maxima (constant memory for long runs): events()
@@ -75,20 +116,47 @@ class Tracker {
   // Live bytes of allocations made while tracking and not yet freed. Per category, allocations
   // of a still-open scope count under the scope's category (rule 3) until they are freed.
   int64_t live_bytes() const;
-  int64_t live_bytes(c10::Device device) const;
-  CategoryBytes live_by_category() const;
+  int64_t live_bytes(c10::Device device) const;  // the same on one device
+  CategoryBytes live_by_category() const;        // the same per category (every device)
   // Highest live total since creation or the last reset_peak(); updated on every allocation.
   int64_t peak_bytes() const;
+  // Starts a new peak from what is live now (peak_report() then covers from here on).
   void reset_peak();
 
   // The highest live total since creation or the last reset_peak(), and what made it up (every
   // device together). The same number a replay of trace() gives.
   PeakReport peak_report() const;
 
+  // The steady-state peak: the highest of the step summaries from `first_step` on (step 0, the
+  // first, makes the optimizer's state and the allocator's caches, so the default leaves it
+  // out); the whole run's peak when no step that late was marked.
+  MemoryReport report(int64_t first_step = 1) const;
+
+  // Adopts a model made before (or while) tracking: the memory of its parameters and buffers is
+  // parameter from now on (counted from now when it was allocated before tracking began, retagged
+  // when it was tracked), and its parameters' gradients are gradient from their allocation on,
+  // whoever makes them (loss.backward() and torch::optim included). Also turns on the scope-free
+  // rules below. The tracker keeps the parameters alive while it lives (their AccumulateGrad
+  // nodes, which hold them, carry its hooks); other adopted memory (existing gradients, buffers)
+  // counts as freed at the first phase mark or step after its storage goes, since c10 reports no
+  // free of memory allocated before reporting began.
+  void watch(const torch::nn::Module& module);
+  // The same for tensors of one's own (parameters: their gradients are watched too).
+  void watch(const std::vector<at::Tensor>& parameters, const std::vector<at::Tensor>& buffers = {});
+
+  // Without scopes. When the program opens no phase of its own, frugal's optimizer marks the
+  // backward and optimizer phases (ImplicitPhase) and a step after each update
+  // (mark_step_if_implicit), unless the program marks steps itself. Then what was made outside
+  // any scope (the forward the program ran) and freed during a backward phase is activation (what
+  // forward kept for backward), and what was made and freed outside any scope before the step's
+  // backward began is temporary. What outlives backward (the loss, the inputs) stays other.
+  bool implicit_rules() const;
+
   // A live-bytes limit: the first allocation that takes the total above it (or an allocation the
   // allocator reports as failed) records what each category held at that moment. Nothing is
   // stopped here; the caller checks limit_report() at a safe point.
   void set_limit(int64_t bytes);
+  // What set_limit recorded: whether the limit was passed, and what was live at that moment.
   struct LimitReport {
     bool exceeded = false;
     bool allocation_failed = false;  // the allocator ran out, rather than the limit
@@ -96,12 +164,14 @@ class Tracker {
     Phase phase = Phase::idle;
     CategoryBytes by_category{};
   };
-  LimitReport limit_report() const;
+  LimitReport limit_report() const;  // the record of the first allocation over the limit
+  // The allocator failed an allocation of requested_bytes: recorded as the limit report (called by c10).
   void on_out_of_memory(int64_t requested_bytes, Phase phase);
 
   // Bounded capture for long runs: keep full events only while the current step (mark_step) is
   // one of these (all steps when empty); every step still gets a summary.
   void set_capture_steps(std::vector<int64_t> steps);
+  // One step's peak and what made it up.
   struct StepSummary {
     int64_t step = -1;
     int64_t peak_bytes = 0;            // highest live total during the step (from what was live at its start)
@@ -111,10 +181,12 @@ class Tracker {
   };
   std::vector<StepSummary> step_summaries() const;  // steps closed so far, and the current one
 
+  // The timeline kept so far (empty without keep_events; the captured steps with set_capture_steps).
   std::vector<MemoryEvent> events() const;
-  std::vector<c10::Device> devices() const;
+  std::vector<c10::Device> devices() const;  // every device an allocation was seen on
   // Frees of memory allocated before tracking began (ignored in every count).
   int64_t untracked_frees() const { return untracked_frees_.load(); }
+  // The last step marked (-1: none yet).
   int64_t current_step() const { return step_.load(); }
 
   // With bounded capture, memory still live when a captured step begins is given an alloc event
@@ -126,25 +198,37 @@ class Tracker {
   // --- called by the reporters and scopes; not for users ---
   void on_report(void* ptr, int64_t size, c10::Device device, int64_t scope_id, Category category,
                  Phase phase);
+  // A new scope's id; reclassify_transients: what is freed while it is open becomes temporary.
   int64_t open_scope(bool reclassify_transients);
   // Gives the live allocation at ptr a category from its start (its alloc event is rewritten) and
   // exempts it from becoming temporary. Returns false when ptr is not a live tracked allocation.
   bool retag(const void* ptr, Category category);
-  void close_scope(int64_t id);
-  void mark(Action action, Phase phase);
+  void close_scope(int64_t id);                // the scope of that id closed
+  void mark(Action action, Phase phase);       // a phase began or ended (a timeline marker)
+  // Step `step` begins now (memory::mark_step); from then on the optimizer marks no steps of its own.
   void mark_step(int64_t step);
+  // An implicit phase opened (see "Without scopes"); mark_step_if_implicit's step.
+  void begin_implicit_phase(Phase phase);
+  void mark_implicit_step(int64_t step);  // step `step` begins, unless the program marks its own
 
   // Names what runs from now on (an experiment of frugal account, say); the trace keeps the name
   // and its time, and the report writes it on the chart.
   void label(const std::string& text);
+  // A name given to what runs from time_us on.
   struct Label {
     int64_t time_us = 0;
     std::string text;
   };
-  std::vector<Label> labels() const;
+  std::vector<Label> labels() const;  // every label, in time order
 
  private:
   explicit Tracker(bool keep_events);
+ public:
+  ~Tracker();
+  Tracker(const Tracker&) = delete;
+  Tracker& operator=(const Tracker&) = delete;
+
+ private:
   int64_t now_us() const;
   bool keep_events_ = true;
 
@@ -155,10 +239,25 @@ class Tracker {
     int64_t seq;         // allocations made so far, this one included
     Category category;
     c10::Device device;
+    bool undeclared = false;     // made outside any CategoryScope or PhaseScope
+    int64_t backward_epoch = 0;  // backward phases begun before it was made
   };
   // The one place a live allocation's category changes (rule 1 or 2 of category.h): the counters,
   // its alloc event, and every recorded moment it was live at (peak, step summaries, limit report).
   void settle(Allocation& a, Category category);
+  // Counts an allocation: the counters, its alloc event, the peak and the step's summary.
+  void add_live(void* ptr, Allocation a, Phase phase, int64_t time_us);
+  void adopt(const at::Tensor& tensor, Category category);
+  void drop_live(std::unordered_map<void*, Allocation>::iterator it, Phase phase, int64_t time_us);
+  // Counts as freed the adopted memory whose storage is gone (at phase marks, steps and watch()).
+  void sweep_adopted();
+  struct Adopted {
+    void* ptr;
+    int64_t seq;  // of its Allocation, so a reuse of the address is not taken for it
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  };
+  std::vector<Adopted> adopted_;
+  void step_boundary(int64_t step);
   // Gives live allocations not yet in the timeline an alloc event now (capture begins).
   void record_live_allocations(int64_t time_us);
   struct DeviceCounter {
@@ -190,6 +289,12 @@ class Tracker {
   bool capturing() const;
   bool was_capturing_ = true;
   int64_t next_scope_ = 1;
+  bool implicit_rules_ = false;     // an implicit phase opened, or watch() was called
+  bool explicit_steps_ = false;     // the program called mark_step
+  int64_t backward_epoch_ = 0;      // backward phases begun
+  std::weak_ptr<Tracker> self_;
+  struct WatchHook;
+  std::vector<std::shared_ptr<WatchHook>> watch_hooks_;
   std::atomic<int64_t> untracked_frees_{0};
   std::atomic<int64_t> step_{-1};
 };
@@ -197,6 +302,7 @@ class Tracker {
 // Installs the tracker on this thread (and on threads that inherit its state) until destroyed.
 class TrackingGuard {
  public:
+  // Installs tracker on this thread (and the threads autograd starts from it).
   explicit TrackingGuard(std::shared_ptr<Tracker> tracker);
   ~TrackingGuard();
   TrackingGuard(const TrackingGuard&) = delete;
@@ -210,6 +316,7 @@ class TrackingGuard {
 // Declares the category of what is allocated until destroyed. No-op when nothing is tracking.
 class CategoryScope {
  public:
+  // Allocations made from now until destruction are `category` (when a tracker is installed).
   explicit CategoryScope(Category category);
   ~CategoryScope();
   CategoryScope(const CategoryScope&) = delete;
@@ -224,7 +331,9 @@ class CategoryScope {
 // (or the one given). No-op when nothing is tracking.
 class PhaseScope {
  public:
+  // Marks `phase` begun; allocations in it take the phase's default category (category.h).
   explicit PhaseScope(Phase phase);
+  // The same with `category` for what is allocated in it.
   PhaseScope(Phase phase, Category category);
   ~PhaseScope();
   PhaseScope(const PhaseScope&) = delete;
@@ -239,10 +348,26 @@ class PhaseScope {
 // gradient made by some backward node). No-op without a tracker or for untracked memory.
 void tag(const at::Tensor& tensor, Category category);
 
+// Library code that marks a phase on the program's behalf: a PhaseScope of `phase` when a tracker
+// is installed and no phase is open (the program opened none), otherwise nothing.
+class ImplicitPhase {
+ public:
+  // Opens a PhaseScope of `phase` only when a tracker is installed and no phase is open.
+  explicit ImplicitPhase(Phase phase);
+  ~ImplicitPhase();
+  ImplicitPhase(const ImplicitPhase&) = delete;
+  ImplicitPhase& operator=(const ImplicitPhase&) = delete;
+
+ private:
+  std::unique_ptr<PhaseScope> scope_;
+};
+
 // The tracker installed on this thread, or nullptr.
 std::shared_ptr<Tracker> current_tracker();
 // Marks the start of training step `step` on the current tracker (no-op without one).
 void mark_step(int64_t step);
+// Marks step `step` for a program that marks none itself (frugal's optimizer, after an update).
+void mark_step_if_implicit(int64_t step);
 
 }  // namespace memory
 }  // namespace frugal

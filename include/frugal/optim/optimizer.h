@@ -6,10 +6,21 @@
 // falls from the model's size to what one backward node hands over). The same training loop runs
 // in both modes; LR schedules, clipping and state dicts work in both.
 //
-//   frugal::optim::Optimizer opt(model->named_parameters(),
-//       frugal::optim::OptimizerOptions().algorithm(frugal::optim::Algorithm::adamw).lr(3e-4)
-//           .weight_decay(0.1).mode(frugal::optim::Mode::in_backward));
+//   frugal::optim::Optimizer opt(model->parameters(),
+//       frugal::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).weight_decay(0.1)
+//           .state_precision(frugal::optim::StatePrecision::int8).mode(frugal::optim::Mode::in_backward));
 //   for (...) { opt.backward(loss_fn()); opt.step(); opt.zero_grad(); scheduler.step(); }
+//   torch::save(opt, "optimizer.pt");  torch::load(opt, "optimizer.pt");
+//
+// Parameters come as torch::optim takes them (parameters(), or ParamGroups with their own lr and
+// weight decay) or by name (named_parameters(): the state dict then says whose state is whose;
+// unnamed parameters are named by position, "0", "1", ...). AdamWOptions, AdamOptions and
+// SGDOptions have torch::optim's fields and defaults; OptimizerOptions is the one struct they
+// convert to (frugal's recipes fill it directly).
+//
+// With a memory tracker installed (memory/tracker.h) and no phase scopes of the program's own,
+// backward() and step() mark the backward and optimizer phases, and step() marks a step after
+// each update, so the plain loop gets a per-category breakdown without scopes.
 //
 // Clipping. Standard mode: global-norm or per-parameter clipping before the update. In-backward
 // mode cannot see the global norm before the first update, so it offers per-parameter clipping and
@@ -41,11 +52,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "frugal/optim/exchange.h"
 #include "frugal/optim/update.h"
+
+namespace torch {
+namespace serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace serialize
+}  // namespace torch
 
 namespace frugal {
 namespace optim {
@@ -61,6 +80,8 @@ const char* mode_name(Mode m);  // "standard", "in_backward"
 const char* clip_name(Clip c);
 std::optional<Clip> parse_clip(const std::string& name);
 
+// Every setting of the optimizer in one struct (what recipes fill in); AdamWOptions, AdamOptions
+// and SGDOptions convert to it.
 struct OptimizerOptions {
   TORCH_ARG(Algorithm, algorithm) = Algorithm::adamw;
   TORCH_ARG(double, lr) = 1e-3;
@@ -82,12 +103,110 @@ struct OptimizerOptions {
   TORCH_ARG(bool, stochastic_rounding) = false;
 };
 
-// Parameters sharing a learning rate and weight decay (unset: the optimizer's).
+// Parameters sharing a learning rate and weight decay (unset: the optimizer's). names may be left
+// empty: the parameters are then named by their position among all groups' ("0", "1", ...).
 struct ParamGroup {
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   std::optional<double> lr;
   std::optional<double> weight_decay;
+
+  ParamGroup() = default;
+  // Named parameters (the state dict uses the names), with what differs from the optimizer's options.
+  ParamGroup(std::vector<std::string> names, std::vector<at::Tensor> params, std::optional<double> lr = std::nullopt,
+             std::optional<double> weight_decay = std::nullopt)
+      : names(std::move(names)), params(std::move(params)), lr(lr), weight_decay(weight_decay) {}
+  // torch::optim::OptimizerParamGroup's habit: the tensors (model->parameters()), and what differs.
+  explicit ParamGroup(std::vector<at::Tensor> params, std::optional<double> lr = std::nullopt,
+                      std::optional<double> weight_decay = std::nullopt)
+      : params(std::move(params)), lr(lr), weight_decay(weight_decay) {}
+};
+
+// frugal's memory choices, shared by the LibTorch-style options below (each setter returns the
+// options it was called on, as TORCH_ARG's do).
+template <typename Derived>
+class MemoryOptions {
+ public:
+#define FRUGAL_MEMORY_ARG(T, name, init)                  \
+  Derived& name(const T& value) {                         \
+    name##_ = value;                                      \
+    return static_cast<Derived&>(*this);                  \
+  }                                                       \
+  const T& name() const noexcept { return name##_; }      \
+                                                          \
+ private:                                                 \
+  T name##_ = init;                                       \
+                                                          \
+ public:
+  FRUGAL_MEMORY_ARG(Mode, mode, Mode::standard)
+  FRUGAL_MEMORY_ARG(Clip, clip, Clip::none)
+  FRUGAL_MEMORY_ARG(double, max_grad_norm, 1.0)
+  FRUGAL_MEMORY_ARG(int64_t, accumulation_steps, 1)
+  FRUGAL_MEMORY_ARG(StateOptions, state, StateOptions())
+  FRUGAL_MEMORY_ARG(bool, stochastic_rounding, false)
+#undef FRUGAL_MEMORY_ARG
+  // The state's precision (state().precision(p)): fp32, bf16, int8 or int4.
+  Derived& state_precision(StatePrecision p) {
+    state_.precision(p);
+    return static_cast<Derived&>(*this);
+  }
+  // Where the state lives: with the parameter, in host memory, or in mapped files.
+  Derived& state_placement(StatePlacement p) {
+    state_.placement(p);
+    return static_cast<Derived&>(*this);
+  }
+
+ protected:
+  // These settings in an OptimizerOptions, for the derived options to add theirs.
+  OptimizerOptions memory_options() const {
+    return OptimizerOptions().mode(mode_).clip(clip_).max_grad_norm(max_grad_norm_).accumulation_steps(accumulation_steps_)
+        .state(state_).stochastic_rounding(stochastic_rounding_);
+  }
+};
+
+// torch::optim::AdamWOptions's fields and defaults (weight decay 1e-2, decoupled). amsgrad is
+// refused: frugal has no AMSGrad.
+struct AdamWOptions : MemoryOptions<AdamWOptions> {
+  // Learning rate lr, the rest torch::optim::AdamWOptions' defaults.
+  AdamWOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as torch::optim's
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 1e-2;
+  TORCH_ARG(bool, amsgrad) = false;
+
+ public:
+  operator OptimizerOptions() const;  // NOLINT: implicit, so Optimizer takes these directly
+};
+
+// torch::optim::AdamOptions's: weight decay 0 (L2, added to the gradient).
+struct AdamOptions : MemoryOptions<AdamOptions> {
+  // Learning rate lr, the rest torch::optim::AdamOptions' defaults.
+  AdamOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, amsgrad) = false;
+
+ public:
+  operator OptimizerOptions() const;  // NOLINT
+};
+
+// torch::optim::SGDOptions's: lr required, momentum, dampening, weight decay 0, no Nesterov.
+struct SGDOptions : MemoryOptions<SGDOptions> {
+  // Learning rate lr (required, as torch::optim's), the rest torch::optim::SGDOptions' defaults.
+  SGDOptions(double lr) : lr_(lr) {}  // NOLINT
+  TORCH_ARG(double, lr);
+  TORCH_ARG(double, momentum) = 0;
+  TORCH_ARG(double, dampening) = 0;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, nesterov) = false;
+
+ public:
+  operator OptimizerOptions() const;  // NOLINT
 };
 
 // Optimizer state by parameter name: "<name>.step", "<name>.exp_avg", "<name>.exp_avg_sq",
@@ -114,17 +233,22 @@ struct StateDictSource {
 // set_bytes_in_flight's default.
 constexpr int64_t kDefaultBytesInFlight = 4 << 20;
 
+// One optimizer (SGD, Adam, AdamW) that steps after backward or inside it; see the top of this file.
 class Optimizer {
  public:
   // Throws std::invalid_argument for a combination the mode cannot do (see above) or bad values.
   Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& options);
+  // model->named_parameters(): the state dict names each parameter's state by its name.
   Optimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const OptimizerOptions& options);
+  // torch::optim's habit: model->parameters(), named by position ("0", "1", ...).
+  Optimizer(const std::vector<at::Tensor>& parameters, const OptimizerOptions& options);
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // Backward of loss as the mode needs it (two passes for two-pass clipping): use it instead of
-  // loss.backward().
+  // Backward of loss as the mode needs it. loss.backward() does the same in every mode but
+  // in-backward two-pass clipping, which needs two passes: there the first gradient throws
+  // std::logic_error saying so, before any parameter changed.
   void backward(const at::Tensor& loss);
   // Standard: clips and updates every parameter that has a gradient (every accumulation_steps-th
   // call). In-backward: the updates already happened; finishes the step. Returns whether the
@@ -138,7 +262,7 @@ class Optimizer {
   void set_exchange(std::shared_ptr<Exchange> exchange);
   // The optimized parameters in the order an Exchange indexes them.
   std::vector<std::string> parameter_names() const;
-  std::vector<int64_t> parameter_numels() const;
+  std::vector<int64_t> parameter_numels() const;  // their element counts, in the same order
   // The precision parameter i's Adam(W) moments are held in (or will be, before its first update):
   // the options' precision, except fp32 where 8- or 4-bit state was asked for a tensor (this
   // rank's part of it) under StateOptions::min_quantized_numel elements (effective_precision).
@@ -148,9 +272,10 @@ class Optimizer {
   // before backward waits for the oldest (kDefaultBytesInFlight; one gradient is always allowed).
   void set_bytes_in_flight(int64_t bytes);
 
-  const OptimizerOptions& options() const;
-  size_t num_groups() const;
-  double lr(size_t group = 0) const;
+  const OptimizerOptions& options() const;  // as constructed
+  size_t num_groups() const;                // parameter groups, in construction order
+  double lr(size_t group = 0) const;        // a group's current learning rate
+  // Sets a group's learning rate for the next updates (schedules call it); lr must be >= 0.
   void set_lr(size_t group, double lr);
   double base_lr(size_t group) const;  // the lr the group was created with
   // The global gradient norm measured by the last step (global-norm clipping only), before clipping.
@@ -184,6 +309,12 @@ class Optimizer {
  private:
   std::shared_ptr<Impl> impl_;
 };
+
+// torch::save(optimizer, file) and torch::load(optimizer, file): state_dict() in a LibTorch
+// archive (one entry, "frugal_optimizer_state", a dict of name to tensor); load goes through
+// load_state_dict and its checks. Learning rates are the schedule's, not saved.
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive, const Optimizer& optimizer);
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, Optimizer& optimizer);
 
 // Bytes of state the optimizer keeps for one parameter of `numel` elements of `dtype`, as update.cpp
 // allocates it (with StateBuffer's block and small-tensor rules), and how many of them live in
