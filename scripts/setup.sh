@@ -18,6 +18,7 @@ packages=(
   fortunes              # the default recipe's corpus (/usr/share/games/fortunes)
   chromium              # headless, for the HTML report's browser test (tests/apps/report_browser_test.sh)
   fonts-dejavu-core     # the report's font, so the browser test's screenshots show text
+  doxygen               # the API reference from the headers (scripts/api_docs.sh), checked by the tests
 )
 
 missing=()

@@ -30,6 +30,7 @@
 namespace frugal {
 namespace bench {
 
+// What run_memory_account builds and measures: the stack's shape, the device, the variants and budgets.
 struct AccountConfig {
   int64_t layers = 6;
   int64_t width = 128;
@@ -56,13 +57,16 @@ struct AccountConfig {
 // "layers must be >= 1, got 0" style message for the first bad field, or empty when valid.
 std::string validate(const AccountConfig& config);
 
+// One byte count found three ways: from the formula, summed over the tensors, and from the tracker.
 struct BytesCheck {
   int64_t formula = 0;  // from the sizes
   int64_t tensors = 0;  // summed over the real tensors
   int64_t tracked = 0;  // live bytes of the category in the allocation tracker
+  // True when the formula, the tensors and the tracker give the same count.
   bool agree() const { return formula == tensors && tensors == tracked; }
 };
 
+// One checkpointing variant: bytes kept for backward, time, and gradient gap from the plain run.
 struct VariantResult {
   std::string name;
   int64_t saved_bytes = 0;          // live between end of forward and start of backward
@@ -77,9 +81,10 @@ struct AttentionResult {
   int64_t predicted_saved_bytes = 0;  // models::predicted_saved_bytes with this kernel
   std::optional<double> time_s;       // median forward+backward
   double max_grad_diff = 0;           // against the explicit kernel, over every parameter
-  double measured_over_predicted() const;
+  double measured_over_predicted() const;  // saved_bytes / predicted_saved_bytes (0 when nothing was predicted)
 };
 
+// One activation budget: the planner's plan for it, and what running that plan measured.
 struct BudgetResult {
   int64_t budget_bytes = 0;
   bool feasible = false;
@@ -91,6 +96,7 @@ struct BudgetResult {
   double max_grad_diff = 0;
 };
 
+// Everything run_memory_account measured, in the order of its config.
 struct AccountResult {
   AccountConfig config;
   int64_t n_params = 0;
@@ -105,8 +111,8 @@ struct AccountResult {
   std::optional<OptimInBackwardResult> optimizer_modes;
   std::shared_ptr<memory::Tracker> tracker;  // the measured steps' allocation timeline
 
-  const VariantResult* find(const std::string& name) const;
-  double max_grad_diff() const;
+  const VariantResult* find(const std::string& name) const;  // the variant called `name`, or nullptr
+  double max_grad_diff() const;  // the largest max_grad_diff over the variants
   double measured_over_predicted() const;  // needs a "none" variant
 };
 

@@ -23,6 +23,7 @@
 namespace frugal {
 namespace checkpoint {
 
+// A thread's autocast state: which devices autocast is on for, their dtypes, and the weight cache.
 struct AutocastState {
   bool cpu = false;
   at::ScalarType cpu_dtype = at::kBFloat16;
@@ -40,8 +41,10 @@ struct AutocastState {
   // Autocast on `device` to `dtype` (bf16 or fp16; fp32 means off), without the weight cache.
   static AutocastState compute(c10::DeviceType device, at::ScalarType dtype);
 
+  // Whether autocast is on for the CPU or CUDA.
   bool enabled() const { return cpu || cuda; }
-  bool operator==(const AutocastState& o) const;
+  bool operator==(const AutocastState& o) const;  // same devices, dtypes (of the enabled ones) and cache flag
+  // The negation of operator==.
   bool operator!=(const AutocastState& o) const { return !(*this == o); }
   // "off", "cpu bf16", "cpu bf16, cuda fp16"
   std::string describe() const;
@@ -52,7 +55,7 @@ struct AutocastState {
 // the outermost level closes, as torch.autocast does.
 class AutocastGuard {
  public:
-  explicit AutocastGuard(const AutocastState& state);
+  explicit AutocastGuard(const AutocastState& state);  // enters `state`, keeping the thread's current one to restore
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -83,6 +86,7 @@ bool fast_bf16(c10::DeviceType device, std::string* why = nullptr);
 // few fp32 products left (measured: a bf16 step 1.7x faster). fp32, or a CUDA device: no change.
 class ComputeThreadsGuard {
  public:
+  // Changes the thread counts as above when `device` is the CPU and `compute` is not fp32 or fp64; otherwise does nothing.
   ComputeThreadsGuard(c10::DeviceType device, at::ScalarType compute);
   ~ComputeThreadsGuard();
   ComputeThreadsGuard(const ComputeThreadsGuard&) = delete;

@@ -31,6 +31,7 @@
 namespace frugal {
 namespace checkpoint {
 
+// How checkpoint() runs a region: what to keep, what to restore, and what to check.
 struct CheckpointOptions {
   // Keep the outputs of the region's matrix products made through checkpoint::linear and
   // recompute everything else ("selective" checkpointing).

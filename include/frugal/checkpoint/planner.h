@@ -28,6 +28,7 @@
 namespace frugal {
 namespace checkpoint {
 
+// What measure_chain found for one block of the chain.
 struct BlockCost {
   int64_t kept_bytes = 0;    // activation bytes kept for backward when the block runs plainly
   int64_t output_bytes = 0;  // bytes of its output
@@ -35,11 +36,13 @@ struct BlockCost {
   double tail_s = 0;         // of which its tail_linear product (selective.h): not recomputed when it ends a segment
 };
 
+// A run of consecutive blocks, checkpointed as one region or run plainly.
 struct Segment {
   int64_t begin = 0, end = 0;  // blocks [begin, end)
   bool checkpointed = false;
 };
 
+// A segmentation of the whole chain, with its predicted activation peak and recompute time.
 struct ActivationPlan {
   std::vector<Segment> segments;
   int64_t predicted_bytes = 0;  // predicted activation peak over forward and backward
@@ -47,7 +50,7 @@ struct ActivationPlan {
 
   // "0-3 ckpt | 4 | 5 | 6-8 ckpt"
   std::string describe() const;
-  int64_t checkpointed_blocks() const;
+  int64_t checkpointed_blocks() const;  // the number of blocks in checkpointed segments
 };
 
 // The cost model above, for any segmentation.

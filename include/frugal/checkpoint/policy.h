@@ -22,13 +22,17 @@ namespace checkpoint {
 
 enum class PolicyKind { none, full, every_k, selective };
 
+// Which blocks of a chain run as checkpointed regions (see the kinds above).
 struct CheckpointPolicy {
   PolicyKind kind = PolicyKind::none;
   int64_t k = 1;  // for every_k
 
+  // No block checkpointed.
   static CheckpointPolicy none() { return {PolicyKind::none, 1}; }
+  // Every block checkpointed.
   static CheckpointPolicy full() { return {PolicyKind::full, 1}; }
-  static CheckpointPolicy every(int64_t k);
+  static CheckpointPolicy every(int64_t k);  // blocks 0, k, 2k, ...; throws std::invalid_argument when k < 1
+  // Every block checkpointed, keeping its Linear outputs.
   static CheckpointPolicy selective() { return {PolicyKind::selective, 1}; }
   // "none", "full", "every_K" (1 <= K < 2^31), "selective"; throws std::invalid_argument naming the text.
   static CheckpointPolicy parse(const std::string& text);
@@ -36,10 +40,11 @@ struct CheckpointPolicy {
   static const char* allowed_names();
 
   std::string name() const;  // the text parse() accepts
-  bool checkpoints(int64_t block_index) const;
+  bool checkpoints(int64_t block_index) const;  // whether block `block_index` (from 0) runs checkpointed
   CheckpointOptions options() const;  // for one block; run_chain adds the name and buffers
 };
 
+// One block of a chain: its forward and the tensors it reads and updates.
 struct ChainBlock {
   UnaryFn forward;                  // x: (B, T, d) -> (B, T, d) for a Transformer layer
   std::vector<at::Tensor> params;   // what forward reads besides x

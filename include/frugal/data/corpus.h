@@ -30,6 +30,7 @@ namespace data {
 // visited once (symlink loops end). A document of whitespace only is none.
 std::vector<std::string> read_corpus(const std::string& path);
 
+// What tokenize_corpus wrote: the number of documents and of tokens (each document's EOS included).
 struct CorpusTokens {
   int64_t documents = 0, tokens = 0;
 };
@@ -49,6 +50,7 @@ int64_t tokenize_documents(const std::vector<std::string>& documents, const Toke
 // then count little-endian int32 tokens.
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size);
 
+// A token file (write_token_file's format), memory-mapped and checked.
 class TokenFile {
  public:
   // Maps the file and checks its header, size and every token against the vocabulary. Throws
@@ -57,7 +59,9 @@ class TokenFile {
   ~TokenFile();
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;
+  // The number of tokens in the file.
   int64_t size() const { return count_; }
+  // The vocabulary size from the header; every token is below it.
   int64_t vocab_size() const { return vocab_; }
   // All tokens as an int32 tensor over the mapping (no copy; valid while this object lives).
   const at::Tensor& tokens() const { return tokens_; }
@@ -69,12 +73,16 @@ class TokenFile {
   at::Tensor tokens_;
 };
 
+// A token file split into a training and a validation part, and batches of windows from each.
 class TokenDataset {
  public:
   // The last val_fraction of the tokens is the validation split.
   TokenDataset(const std::string& token_file, double val_fraction);
+  // The number of tokens in the training split (the file's first ones).
   int64_t train_tokens() const { return train_end_; }
+  // The number of tokens in the validation split (the rest).
   int64_t val_tokens() const { return file_->size() - train_end_; }
+  // The token file's vocabulary size.
   int64_t vocab_size() const { return file_->vocab_size(); }
   // inputs, targets: (B, T) int64; windows start at random positions of the training split.
   std::pair<at::Tensor, at::Tensor> train_batch(int64_t step, int64_t batch, int64_t seq, uint64_t seed) const;

@@ -53,6 +53,7 @@ struct ExampleFields {
               completion = "completion", messages = "messages", role = "role", content = "content";
 };
 
+// How tokenize_examples reads and renders a dataset: format, template, keys, and what has loss.
 struct ExampleOptions {
   ExampleFormat format = ExampleFormat::alpaca;
   // nullopt: the format's default: alpaca -> alpaca, prompt_completion -> plain, messages -> the
@@ -81,6 +82,7 @@ ChatTemplate folder_chat_template(const std::string& dir);
 // The canonical Jinja text of a chat template (llama2, llama3, chatml); "" for plain and alpaca.
 const std::string& chat_template_jinja(ChatTemplate t);
 
+// One turn of a conversation: role ("system", "user" or "assistant") and text.
 struct ChatMessage {
   std::string role, content;
 };
@@ -99,6 +101,7 @@ RenderedExample render_messages(ChatTemplate t, const std::vector<ChatMessage>& 
 // Alpaca's prompt for an instruction and an input ("" selects the no-input variant).
 std::string alpaca_prompt(const std::string& instruction, const std::string& input);
 
+// One example's tokens, their loss flags, and the text they encode.
 struct EncodedExample {
   std::vector<int32_t> ids;
   std::vector<uint8_t> loss;  // 1: predicting this token counts
@@ -118,6 +121,7 @@ class ExampleEncoder {
   // Resolves the template and checks the tokenizer has every special token it writes (BOS, EOS,
   // <|start_header_id|>, <|im_start|>...): std::invalid_argument naming the token otherwise.
   ExampleEncoder(const Tokenizer& tok, const ExampleOptions& opt);
+  // The resolved template it renders with.
   ChatTemplate chat_template() const { return template_; }
   // std::invalid_argument "field 'output': is not a string" (no file or line: the caller adds them).
   EncodedExample encode(const io::JsonValue& example) const;
@@ -133,6 +137,7 @@ class ExampleEncoder {
   std::vector<std::pair<std::string, int32_t>> anchors_;   // the template's special tokens (see encode())
 };
 
+// What tokenize_examples or encode_examples read: examples kept and skipped, tokens, and tokens with loss.
 struct ExampleStats {
   int64_t examples = 0, skipped = 0, tokens = 0, label_tokens = 0;
   std::vector<std::string> skipped_reasons;  // the first 10
@@ -171,10 +176,15 @@ class ExampleFile {
   ~ExampleFile();
   ExampleFile(const ExampleFile&) = delete;
   ExampleFile& operator=(const ExampleFile&) = delete;
+  // The number of examples, N.
   int64_t size() const { return count_; }
+  // The vocabulary size from the header; every token is below it.
   int64_t vocab_size() const { return vocab_; }
+  // The number of tokens over all examples, M.
   int64_t total_tokens() const { return tokens_total_; }
+  // The number of tokens with loss (answer tokens) over all examples.
   int64_t label_tokens() const { return labels_total_; }
+  // The examples_fingerprint the file was written with.
   const std::string& fingerprint() const { return fingerprint_; }
   int64_t length(int64_t i) const;           // tokens of example i
   const int32_t* tokens(int64_t i) const;    // length(i) ids, valid while this object lives
@@ -212,6 +222,7 @@ struct ExampleBatch {
 // Movable, not copyable; step() and eval_batch() may be called from several threads.
 class ExampleBatches {
  public:
+  // How rows are made and grouped into steps.
   struct Options {
     int64_t rows_per_step = 8, micro_rows = 8;  // rows_per_step: a multiple of micro_rows
     int64_t seq_len = 512;                      // positions per row
@@ -222,18 +233,21 @@ class ExampleBatches {
   // [first, end): the examples of this split. std::invalid_argument for bad options, an empty range
   // or a range where every example is dropped.
   ExampleBatches(std::shared_ptr<const ExampleFile> file, int64_t first, int64_t end, Options o);
+  // The training rows of an epoch (the examples kept, or the packed rows with packing).
   int64_t rows_per_epoch() const { return static_cast<int64_t>(rows_.size()); }
   // ceil(rows of an epoch / rows_per_step); the last step's missing rows are all padding (no loss).
   int64_t steps_per_epoch() const { return (rows_per_epoch() + opt_.rows_per_step - 1) / opt_.rows_per_step; }
-  int64_t truncated() const { return truncated_; }  // examples longer than seq_len (per epoch), cut
-  int64_t dropped() const { return dropped_; }      // the same, left out (drop_overlong)
+  // Examples longer than seq_len (per epoch), cut.
+  int64_t truncated() const { return truncated_; }
+  // Examples longer than seq_len, left out (drop_overlong).
+  int64_t dropped() const { return dropped_; }
   // The rows_per_step / micro_rows micro-batches of `step` (epoch = step / steps_per_epoch).
   std::vector<ExampleBatch> step(int64_t step) const;
   // Validation: rows in file order (no shuffle; packed in file order with packing), the
   // index-th group of micro_rows rows, index taken modulo eval_batches(); the last group's missing
   // rows are padding, so eval_batches() consecutive calls see every example once.
   ExampleBatch eval_batch(int64_t index) const;
-  int64_t eval_batches() const;
+  int64_t eval_batches() const;  // ceil(validation rows / micro_rows)
   double padding_share() const;  // padding positions / all positions over epoch 0's steps
 
  private:

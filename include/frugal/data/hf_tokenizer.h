@@ -23,6 +23,7 @@
 namespace frugal {
 namespace data {
 
+// A tokenizer.json BPE tokenizer, loaded and checked; copies share the loaded model.
 class HfTokenizer {
  public:
   // Throws std::invalid_argument naming the file and the field when it is missing, malformed or
@@ -42,10 +43,10 @@ class HfTokenizer {
   int64_t vocab_size() const;                          // the id space: largest id + 1
   int32_t token_to_id(const std::string& token) const;  // -1 when absent
   std::string id_to_token(int32_t id) const;           // "" when absent
-  bool is_special(int32_t id) const;
+  bool is_special(int32_t id) const;                   // whether `id` is an added token marked special
   // The ids the post-processor puts before and after a single sequence.
   const std::vector<int32_t>& prefix_ids() const;
-  const std::vector<int32_t>& suffix_ids() const;
+  const std::vector<int32_t>& suffix_ids() const;  // the ids it puts after one (empty when none)
   const std::string& json() const;  // the file's text, as read
 
  private:

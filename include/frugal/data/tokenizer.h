@@ -24,6 +24,7 @@ namespace data {
 
 class HfTokenizer;
 
+// A model's tokenizer, SentencePiece or tokenizer.json, behind one API; copies share the loaded model.
 class Tokenizer {
  public:
   // A SentencePiece .model, a tokenizer.json (a file whose name ends in .json) or a model folder
@@ -32,6 +33,7 @@ class Tokenizer {
   // A model folder's tokenizer: tokenizer.json when present, else tokenizer.model; tokenizer_config.json's
   // bos_token / eos_token / add_bos_token (and add_eos_token) honoured. Throws std::invalid_argument naming the file.
   static Tokenizer load_folder(const std::string& dir);
+  // Whether `dir` holds a tokenizer.json or a tokenizer.model.
   static bool folder_has_tokenizer(const std::string& dir);
   // Writes what AutoTokenizer needs to read this tokenizer back with the same ids: the tokenizer file(s)
   // and tokenizer_config.json (atomic file writes). A SentencePiece BPE model with identity
@@ -44,11 +46,17 @@ class Tokenizer {
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens = false) const;
   // Special tokens left out; tokenizer_config.json's clean_up_tokenization_spaces applied.
   std::string decode(const std::vector<int32_t>& ids) const;
-  int64_t vocab_size() const { return vocab_; }                // the id space (added tokens included)
-  int32_t bos_id() const { return bos_; }                      // -1: none
+  // The id space (added tokens included).
+  int64_t vocab_size() const { return vocab_; }
+  // The BOS id, -1 when there is none.
+  int32_t bos_id() const { return bos_; }
+  // The EOS id, -1 when there is none.
   int32_t eos_id() const { return eos_; }
-  bool add_bos() const { return add_bos_; }  // whether the model expects BOS before a text
+  // Whether the model expects BOS before a text (what encode() adds with add_special_tokens).
+  bool add_bos() const { return add_bos_; }
+  // Whether the model expects EOS after a text (what encode() adds with add_special_tokens).
   bool add_eos() const { return add_eos_; }
+  // The tokenizer.model or tokenizer.json file it was loaded from.
   const std::string& path() const { return path_; }
   // The folder's chat template (chat_template.jinja, else tokenizer_config.json's chat_template when it
   // is a string; "" otherwise); save_folder writes it back into tokenizer_config.json.
@@ -56,7 +64,7 @@ class Tokenizer {
   // The id of a token's spelling ("</s>", "<|im_end|>"), -1 when the tokenizer has no such token;
   // id_to_token is the inverse ("" for an id it lacks).
   int32_t token_to_id(const std::string& token) const;
-  std::string id_to_token(int32_t id) const;
+  std::string id_to_token(int32_t id) const;  // the spelling of `id`, "" when out of range
   // Whether encode() turns the spelling of an added or special token in the text into its id (a
   // tokenizer.json, as `tokenizers` does); SentencePiece spells control tokens out piece by piece.
   bool recognizes_special_tokens() const { return hf_ != nullptr; }
@@ -87,6 +95,7 @@ class Tokenizer {
   int32_t token_id(const std::string& token) const;
 };
 
+// SentencePiece training settings for train_tokenizer.
 struct TokenizerTrainOptions {
   TORCH_ARG(int64_t, vocab_size) = 4096;
   TORCH_ARG(std::string, model_type) = "bpe";  // bpe or unigram

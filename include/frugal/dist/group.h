@@ -66,6 +66,7 @@ struct Traffic {
   int64_t calls = 0;
 };
 
+// This process's membership of a job: its rank, the process group(s), and the collectives frugal uses.
 class Group {
  public:
   // Joins (rank 0: hosts) the store and builds the Gloo group, and for a CUDA device the NCCL one.
@@ -75,9 +76,13 @@ class Group {
                                        c10::Device device = c10::Device(c10::kCPU));
   ~Group();
 
+  // This process's rank, 0 to size() - 1.
   int64_t rank() const { return env_.rank; }
+  // The number of ranks in the job (WORLD_SIZE).
   int64_t size() const { return env_.world_size; }
+  // The environment the group was created from.
   const Environment& environment() const { return env_; }
+  // How long a collective may take before it fails with CollectiveError.
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   using Wait = std::function<void()>;
@@ -88,7 +93,7 @@ class Group {
   Wait broadcast_async(const at::Tensor& t, int64_t root, const std::string& what);
   void allreduce_sum(const at::Tensor& t, const std::string& what);  // blocking; fp32/fp64/int64
   std::vector<int64_t> allgather(const std::vector<int64_t>& mine, const std::string& what);  // every rank's, rank order
-  void barrier(const std::string& what);
+  void barrier(const std::string& what);  // blocks until every rank reaches it; CollectiveError on failure
 
   // Gloo's worker thread can hold a finished operation (and the tensors it was given) a moment
   // after the wait returns; if it dropped the last reference, the memory would be freed on that
@@ -97,6 +102,7 @@ class Group {
   // of them, waiting up to a second for each.
   void release_finished(bool wait);
 
+  // The bytes and calls this rank has handed to collectives so far.
   const Traffic& traffic() const { return traffic_; }
 
   struct Impl;

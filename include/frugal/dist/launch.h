@@ -27,6 +27,7 @@
 namespace frugal {
 namespace dist {
 
+// What launch_local starts: how many ranks, the command, where logs go, threads per rank, the grace period.
 struct LaunchOptions {
   int64_t nproc = 2;
   std::vector<std::string> argv;   // argv[0]: the executable
@@ -36,6 +37,7 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{10000};
 };
 
+// How the ranks ended: the exit code to return, and which rank failed and how.
 struct LaunchResult {
   int exit_code = 0;        // 0 when every rank succeeded; else the first failed rank's code (1 if it was killed)
   int64_t failed_rank = -1;

@@ -39,8 +39,11 @@ Ownership assign_owners(const std::vector<int64_t>& numels, int64_t world_size);
 // This rank's range of each parameter ({0, 0}: none).
 std::pair<int64_t, int64_t> owned_range(const std::vector<Slice>& slices, int64_t rank);
 
+// An optim::Exchange over a Group, each parameter's slices owned as `owners` says (see above).
 class ShardedExchange : public optim::Exchange {
  public:
+  // `owners` and `names` (used in errors) per optimizer parameter; throws c10::Error when their counts
+  // differ or an owner is not a rank of the group.
   ShardedExchange(std::shared_ptr<Group> group, Ownership owners, std::vector<std::string> names);
 
   int64_t world_size() const override { return group_->size(); }
@@ -50,6 +53,7 @@ class ShardedExchange : public optim::Exchange {
   double sum(double x) override;
   void release(bool wait) override { group_->release_finished(wait); }
 
+  // Each parameter's slices and their owners, as given.
   const Ownership& owners() const { return owners_; }
 
  private:

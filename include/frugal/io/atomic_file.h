@@ -23,7 +23,7 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 // place whose path contains $FRUGAL_TEST_KILL_AFTER_WRITING, if that is set and not empty.
 class AtomicFileWriter {
  public:
-  explicit AtomicFileWriter(std::string path);
+  explicit AtomicFileWriter(std::string path);  // creates the temporary file next to `path`; std::runtime_error if it cannot
   ~AtomicFileWriter();
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;

@@ -35,18 +35,21 @@ class ReadableFile {
  public:
   ReadableFile() = default;
   ~ReadableFile();
-  ReadableFile(ReadableFile&& other) noexcept;
-  ReadableFile& operator=(ReadableFile&& other) noexcept;
+  ReadableFile(ReadableFile&& other) noexcept;  // takes over other's descriptor; other is left closed
+  ReadableFile& operator=(ReadableFile&& other) noexcept;  // closes this file, then takes over other's
   ReadableFile(const ReadableFile&) = delete;
   ReadableFile& operator=(const ReadableFile&) = delete;
 
+  // The file descriptor, -1 when closed (or default-constructed).
   int fd() const { return fd_; }
-  uint64_t size() const { return size_; }  // at open: reads stop there even if the file grows
+  // The size in bytes at open: reads stop there even if the file grows.
+  uint64_t size() const { return size_; }
+  // The path it was opened with.
   const std::string& path() const { return path_; }
   // Up to n bytes from the current position, never past size(); 0 at size() (or at an earlier end
   // of a file that shrank). Throws std::invalid_argument naming the path on a read error.
   size_t read(void* buf, size_t n);
-  void close();
+  void close();  // closes the descriptor now (read() then returns 0); closing twice is harmless
 
  private:
   friend ReadableFile open_regular_file(const std::string& path, const std::string& what);
@@ -81,10 +84,12 @@ void remove_tree(const std::string& path);
 // a temporary folder is a TempDir).
 class TempPath {
  public:
+  // Takes charge of `path` (which need not exist yet).
   explicit TempPath(std::string path) : path_(std::move(path)) {}
   ~TempPath() { remove_tree(path_); }
   TempPath(const TempPath&) = delete;
   TempPath& operator=(const TempPath&) = delete;
+  // The path it removes.
   const std::string& path() const { return path_; }
 
  private:
@@ -102,10 +107,11 @@ class TempPath {
 // Make one only after the inputs are checked. Throws std::runtime_error when it cannot.
 class TempDir {
  public:
-  explicit TempDir(const std::string& prefix);
+  explicit TempDir(const std::string& prefix);  // makes the folder (after removing stale ones of `prefix`)
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
+  // The folder made.
   const std::string& path() const { return path_; }
   // $TMPDIR when set and not empty, else /tmp.
   static std::string base();

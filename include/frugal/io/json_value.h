@@ -22,37 +22,48 @@ struct JsonError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One parsed JSON value of any type (objects keep their members in file order).
 class JsonValue {
  public:
   enum class Type { null, boolean, number, string, array, object };
 
   JsonValue() = default;
-  static JsonValue make_bool(bool b);
+  static JsonValue make_bool(bool b);  // true or false
+  // A number: `d` for as_double(); when `integral`, `i` for as_int().
   static JsonValue make_number(double d, bool integral, int64_t i);
-  static JsonValue make_string(std::string s);
-  static JsonValue make_array(std::vector<JsonValue> items);
+  static JsonValue make_string(std::string s);  // a string
+  static JsonValue make_array(std::vector<JsonValue> items);  // an array of `items`, in order
+  // An object of `members`, in order (duplicate keys are not checked here).
   static JsonValue make_object(std::vector<std::pair<std::string, JsonValue>> members);
 
+  // Which kind of value this is (null for a default-constructed one).
   Type type() const { return type_; }
+  // Whether it is null.
   bool is_null() const { return type_ == Type::null; }
+  // Whether it is an object.
   bool is_object() const { return type_ == Type::object; }
+  // Whether it is an array.
   bool is_array() const { return type_ == Type::array; }
+  // Whether it is a string.
   bool is_string() const { return type_ == Type::string; }
+  // Whether it is a number, integral or not.
   bool is_number() const { return type_ == Type::number; }
+  // Whether it is true or false.
   bool is_bool() const { return type_ == Type::boolean; }
+  // Whether it is a number written as an integer that fits int64_t (as_int() accepts it).
   bool is_integer() const { return type_ == Type::number && integral_; }
 
   // Typed access; JsonError when the type differs (what = what the caller expected).
   bool as_bool() const;
-  double as_double() const;
+  double as_double() const;  // any number
   int64_t as_int() const;  // integral numbers only
-  const std::string& as_string() const;
-  const std::vector<JsonValue>& items() const;
+  const std::string& as_string() const;  // the string, unescaped (UTF-8)
+  const std::vector<JsonValue>& items() const;  // an array's items, in order
   const std::vector<std::pair<std::string, JsonValue>>& members() const;  // in file order
 
-  bool contains(const std::string& key) const;
+  bool contains(const std::string& key) const;  // whether it is an object with member `key`
   const JsonValue& at(const std::string& key) const;  // JsonError naming the key when absent
-  const JsonValue* find(const std::string& key) const;
+  const JsonValue* find(const std::string& key) const;  // member `key`, or nullptr when absent or not an object
 
  private:
   Type type_ = Type::null;

@@ -29,6 +29,7 @@ struct SafetensorsError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One tensor of a header: name, dtype, shape and where its bytes are.
 struct TensorEntry {
   std::string name;
   at::ScalarType dtype = at::kFloat;
@@ -36,6 +37,7 @@ struct TensorEntry {
   uint64_t begin = 0, end = 0;  // byte offsets in the data section
 };
 
+// A validated header: the tensors and the __metadata__ strings.
 struct SafetensorsHeader {
   std::vector<TensorEntry> tensors;  // in file order
   std::map<std::string, std::string> metadata;
@@ -46,17 +48,22 @@ constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 // Validates a header against the size of the data section that follows it. Throws SafetensorsError.
 SafetensorsHeader parse_safetensors_header(const std::string& json, uint64_t data_bytes);
 
+// An open safetensors file whose header has been checked against the file; tensors are read on demand.
 class SafetensorsReader {
  public:
+  // Opens the file and validates its header; throws SafetensorsError naming the path and the problem.
   explicit SafetensorsReader(const std::string& path);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
+  // The path it was opened with.
   const std::string& path() const { return path_; }
+  // Every tensor's entry, in file order.
   const std::vector<TensorEntry>& tensors() const { return header_.tensors; }
+  // The header's __metadata__ (empty when absent).
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
-  const TensorEntry* find(const std::string& name) const;
+  const TensorEntry* find(const std::string& name) const;  // the entry called `name`, or nullptr
   // A new CPU tensor with the stored bytes. Throws SafetensorsError for an unknown name.
   at::Tensor load(const std::string& name) const;
 

@@ -23,6 +23,7 @@ namespace loss {
 
 enum class Reduction { mean, sum };
 
+// How chunked_cross_entropy splits the tokens, which targets it ignores, and how it reduces.
 struct ChunkedCrossEntropyOptions {
   TORCH_ARG(int64_t, chunk_size) = 1024;      // tokens per chunk
   TORCH_ARG(int64_t, ignore_index) = -100;    // targets equal to it add nothing and are not counted

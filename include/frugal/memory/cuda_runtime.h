@@ -24,6 +24,7 @@
 namespace frugal {
 namespace memory {
 
+// What load_cuda() did: whether the CUDA module is loaded, and from where or why not.
 struct CudaRuntime {
   bool loaded = false;  // libfrugal_cuda.so (and LibTorch's CUDA libraries) are in the process
   std::string reason;   // why not, when not: one sentence

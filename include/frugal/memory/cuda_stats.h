@@ -16,6 +16,7 @@
 namespace frugal {
 namespace memory {
 
+// One device's caching-allocator counters, in bytes, or why they are unavailable.
 struct CudaMemoryStats {
   bool available = false;  // false in a build without CUDA or when the device does not exist
   std::string unavailable_reason;

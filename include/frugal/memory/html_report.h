@@ -30,6 +30,7 @@ namespace memory {
 // Series that are already small enough (and any with buckets = 0) come back whole.
 std::vector<LiveSample> downsample_keep_peaks(const std::vector<LiveSample>& samples, size_t buckets);
 
+// A stretch of time, in trace microseconds, spent in one phase.
 struct PhaseSpan {
   Phase phase = Phase::idle;
   int64_t begin_us = 0, end_us = 0;
@@ -56,6 +57,7 @@ struct TraceView {
 constexpr size_t kReportBuckets = 1000;
 TraceView view_trace(const Trace& trace, size_t buckets = kReportBuckets);
 
+// One trace for html_report, with the title it is shown under.
 struct NamedTrace {
   std::string name;  // shown as the trace's title (usually its file name)
   Trace trace;

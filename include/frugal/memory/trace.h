@@ -21,6 +21,7 @@
 namespace frugal {
 namespace memory {
 
+// A Tracker's record of a run: its allocation events, step summaries and labels.
 struct Trace {
   std::vector<MemoryEvent> events;
   std::vector<Tracker::StepSummary> steps;  // empty when the trace has none (or no "steps" key)
@@ -47,7 +48,7 @@ struct LiveSample {
   int64_t step = -1;
   Phase phase = Phase::idle;
   CategoryBytes bytes{};
-  int64_t total() const;
+  int64_t total() const;  // the live bytes of every category together
 };
 
 // Replays the alloc and free events (all devices together) into one sample per event. Times never

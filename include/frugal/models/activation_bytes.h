@@ -22,6 +22,7 @@
 namespace frugal {
 namespace models {
 
+// The activation bytes of a decoder's pieces for one batch, which the memory estimate adds up.
 struct DecoderActivationBytes {
   int64_t block_plain = 0;       // one block run plainly: everything its backward reads
   int64_t block_input = 0;       // a checkpointed block keeps only its input: (B, T, d)

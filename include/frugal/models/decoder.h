@@ -52,12 +52,14 @@ struct RopeScaling {
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   int64_t original_max_position_embeddings = 0;         // llama3 (required), dynamic (0: max_seq_len)
+  // Every field equal.
   bool operator==(const RopeScaling& o) const {
     return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
            high_freq_factor == o.high_freq_factor && original_max_position_embeddings == o.original_max_position_embeddings;
   }
 };
 
+// The shape and options of a decoder-only Transformer (llama or gpt2 style), as a config.json describes it.
 struct DecoderConfig {
   std::string arch = "llama";  // "llama" or "gpt2"
   int64_t vocab_size = 32000;
@@ -93,12 +95,14 @@ struct DecoderConfig {
 
   // "n_heads must divide dim" style message for the first inconsistency, or empty.
   std::string validate() const;
+  // The size of one attention head: explicit_head_dim when set, else dim / n_heads.
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
   // activation with "" resolved by arch: "silu", "gelu" or "gelu_tanh"
   std::string resolved_activation() const { return !activation.empty() ? activation : arch == "gpt2" ? "gelu" : "silu"; }
-  int64_t param_count() const;
+  int64_t param_count() const;  // the number of parameter elements (the sum of parameter_numels, activation_bytes.h)
 };
 
+// How DecoderImpl::loss computes the cross-entropy: chunked or not, ignored targets, reduction.
 struct LossOptions {
   TORCH_ARG(bool, chunked) = false;
   TORCH_ARG(int64_t, chunk_size) = 1024;
@@ -114,9 +118,11 @@ struct KVCache {
   int64_t length = 0;                    // positions seen
 };
 
+// A decoder-only language model (make_decoder builds one): embedding, blocks, final norm, head.
 class DecoderImpl : public torch::nn::Module {
  public:
   virtual ~DecoderImpl() = default;
+  // The config it was built from.
   const DecoderConfig& config() const { return config_; }
 
   // tokens: (B, T) int64 -> the blocks' input: (B, T, dim)
@@ -126,6 +132,7 @@ class DecoderImpl : public torch::nn::Module {
   // values are one example: they attend only to each other (and causally), at positions from 0.
   // Undefined: one sequence per row, exactly the computation without the argument.
   virtual at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& segments) = 0;
+  // The same without segments: one sequence per row.
   at::Tensor hidden_states(const at::Tensor& tokens) { return hidden_states(tokens, at::Tensor()); }
   // The output head's weight: (vocab, dim) (the embedding's when tied).
   virtual at::Tensor head_weight() = 0;
@@ -136,7 +143,7 @@ class DecoderImpl : public torch::nn::Module {
 
   // How the blocks run: a policy (default none) or a plan.
   void set_checkpointing(const checkpoint::CheckpointPolicy& policy);
-  void set_plan(const checkpoint::ActivationPlan& plan);
+  void set_plan(const checkpoint::ActivationPlan& plan);  // runs the blocks by the plan until set_checkpointing
 
   // tokens: (B, T), segments as hidden_states' -> logits (B, T, vocab)
   at::Tensor logits(const at::Tensor& tokens, const at::Tensor& segments = {});
@@ -152,6 +159,7 @@ class DecoderImpl : public torch::nn::Module {
                   const at::Tensor& segments = {});
 
  protected:
+  // Keeps the config; the subclass builds the modules.
   explicit DecoderImpl(DecoderConfig config) : config_(std::move(config)) {}
   // tokens: (B, T) at positions cache.length.. -> final hidden states (B, T, dim), the cache extended
   virtual at::Tensor hidden_states_with_cache(const at::Tensor& tokens, KVCache& cache) = 0;
@@ -179,8 +187,8 @@ Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& optio
 // x: (..., dim) -> x / rms(x) * weight, computed in fp32 and returned in x's dtype
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x);
+  RMSNormImpl(int64_t dim, double eps);  // weight: `dim` ones; eps is added to the mean square
+  at::Tensor forward(const at::Tensor& x);  // x / rms(x) * weight, as above
   at::Tensor weight;
 
  private:

@@ -22,6 +22,7 @@
 namespace frugal {
 namespace models {
 
+// How generate and generate_ids continue a prompt: length, sampling, seed and stop ids.
 struct GenerationOptions {
   TORCH_ARG(int64_t, max_new_tokens) = 64;
   TORCH_ARG(double, temperature) = 0.8;  // 0: greedy; otherwise finite and > 0
@@ -42,6 +43,7 @@ enum class GenerationStop { end_of_sequence, token_limit, context_full };
 const char* generation_stop_name(GenerationStop s);  // "end-of-sequence token", ...
 const char* generation_stop_key(GenerationStop s);   // "eos", "max_new_tokens", "context_full" (for JSON)
 
+// What generation made, and why it stopped.
 struct Generation {
   std::string text;             // generate(): the prompt as given, then the continuation
   std::vector<int32_t> tokens;  // the continuation's ids (end-of-sequence not included)

@@ -20,15 +20,21 @@
 namespace frugal {
 namespace models {
 
+// The pre-LN block above, with LayerNorms and Linear layers of width d_model (MLP: 4 * d_model).
 class PreLNBlockImpl : public torch::nn::Module {
  public:
+  // Throws c10::Error unless d_model is a positive multiple of n_heads.
   PreLNBlockImpl(int64_t d_model, int64_t n_heads, AttentionKernel attention = AttentionKernel::explicit_softmax);
   // x: (B, T, d_model) -> (B, T, d_model)
   at::Tensor forward(const at::Tensor& x);
 
+  // The block's width.
   int64_t d_model() const { return d_model_; }
+  // The number of attention heads.
   int64_t n_heads() const { return n_heads_; }
+  // The attention kernel forward uses.
   AttentionKernel attention() const { return attention_; }
+  // Switches the attention kernel for later forwards (the parameters are the same).
   void set_attention(AttentionKernel attention) { attention_ = attention; }
 
  private:

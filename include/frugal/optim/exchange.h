@@ -20,17 +20,19 @@
 namespace frugal {
 namespace optim {
 
+// The optimizer's view of data-parallel training: gradient averaging, parameter ownership and sharing.
 class Exchange {
  public:
   // Waits until an operation started by the exchange is done; throws if it failed.
   using Wait = std::function<void()>;
 
   virtual ~Exchange() = default;
-  virtual int64_t world_size() const = 0;
+  virtual int64_t world_size() const = 0;  // the number of ranks
   // The elements [first, second) of the flattened parameter i (the optimizer's parameter index)
   // whose state this rank keeps and which it updates: the whole parameter, a slice of it (a large
   // parameter split over every rank), or nothing (first == second).
   virtual std::pair<int64_t, int64_t> owned_range(size_t i) const = 0;
+  // Whether this rank owns any of parameter i (a non-empty owned_range).
   bool owns(size_t i) const {
     const auto r = owned_range(i);
     return r.first < r.second;

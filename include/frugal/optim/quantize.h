@@ -36,6 +36,7 @@ struct CodeTables {
 };
 std::shared_ptr<const CodeTables> code_tables(bool is_signed, int bits, at::Device device);
 
+// A vector of values stored as blockwise-quantized codes (8 or 4 bits) with one fp32 absmax per block.
 class QuantizedBuffer {
  public:
   QuantizedBuffer() = default;
@@ -47,13 +48,19 @@ class QuantizedBuffer {
   // Quantizes values (fp32, end - begin of them) into [begin, end); begin block-aligned.
   void store(int64_t begin, int64_t end, const at::Tensor& values);
 
+  // The number of values.
   int64_t numel() const { return numel_; }
+  // Bits per code: 8 or 4.
   int bits() const { return bits_; }
+  // Values per block (one absmax each).
   int64_t block() const { return block_; }
+  // Whether the code map spans [-1, 1] (true) or [0, 1].
   bool is_signed() const { return signed_; }
   int64_t bytes() const;  // codes + scales
-  const at::Tensor& codes() const { return codes_; }    // uint8: one per value (8-bit) or per two (4-bit)
-  const at::Tensor& absmax() const { return absmax_; }  // fp32, one per block
+  // The codes, uint8: one per value (8-bit) or per two (4-bit).
+  const at::Tensor& codes() const { return codes_; }
+  // The scales, fp32, one per block.
+  const at::Tensor& absmax() const { return absmax_; }
   // Replaces codes and scales (a saved state); checks their sizes.
   void assign(const at::Tensor& codes, const at::Tensor& absmax);
   // Keeps the codes in `storage` (uint8, as many bytes as codes()) from now on, e.g. a mapped file.
@@ -65,8 +72,11 @@ class QuantizedBuffer {
   // (the table holds the code of the lowest value of each cell of fp32 values sharing their top 17
   // bits; no cell holds two midpoints). lut_boundary_data(): the midpoints, then +inf.
   const uint8_t* lut() const { return lut_.data_ptr<uint8_t>(); }
+  // The midpoints between the map's entries, then +inf (levels() floats).
   const float* lut_boundary_data() const { return lut_boundaries_.data_ptr<float>(); }
+  // The code map's values, ascending (levels() floats).
   const float* map_data() const { return map_.data_ptr<float>(); }
+  // The number of entries of the code map: 2^bits.
   int64_t levels() const { return map_.numel(); }
 
  private:
@@ -86,6 +96,7 @@ class QuantizedBuffer {
 namespace frugal {
 namespace optim {
 
+// The scalars of one Adam(W) step; bias_correction1/2 are 1 - beta1^t and 1 - beta2^t at step t.
 struct AdamStep {
   double lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
   bool decoupled;  // AdamW

@@ -36,6 +36,7 @@ constexpr std::array<ScheduleKind, 5> kAllScheduleKinds = {ScheduleKind::constan
 const char* schedule_name(ScheduleKind k);
 std::optional<ScheduleKind> parse_schedule(const std::string& name);
 
+// Which schedule, and its parameters (see the table above); schedule_factor checks them.
 struct ScheduleOptions {
   TORCH_ARG(ScheduleKind, kind) = ScheduleKind::constant;
   TORCH_ARG(int64_t, warmup_steps) = 0;
@@ -48,15 +49,17 @@ struct ScheduleOptions {
 // The factor at training step t (0-based). Throws std::invalid_argument for inconsistent options.
 double schedule_factor(const ScheduleOptions& options, int64_t t);
 
+// Sets an optimizer's group learning rates to base lr * factor(t) as the steps go by.
 class LRScheduler {
  public:
   // Sets every group's lr to base_lr * factor(0).
   LRScheduler(Optimizer& optimizer, const ScheduleOptions& options);
   void step();                       // one training step done
+  // The number of step() calls so far (or the value set_last_step gave): the t of factor().
   int64_t last_step() const { return t_; }
   void set_last_step(int64_t t);     // resume: the number of step() calls made before
-  double lr(size_t group = 0) const;
-  double factor() const;
+  double lr(size_t group = 0) const;  // the rate group `group` uses next; std::out_of_range for a bad group
+  double factor() const;             // schedule_factor at last_step()
 
  private:
   void apply();

@@ -40,6 +40,7 @@ std::optional<StatePrecision> parse_precision(const std::string& s);
 const char* placement_name(StatePlacement p);
 std::optional<StatePlacement> parse_placement(const std::string& s);
 
+// How an optimizer keeps its state: precision, place, and the streamed update's chunk size.
 struct StateOptions {
   TORCH_ARG(StatePrecision, precision) = StatePrecision::fp32;
   TORCH_ARG(StatePlacement, placement) = StatePlacement::device;
@@ -63,6 +64,7 @@ StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& options);
 // code bytes and `scales` absmax values imply, or 0 when they fit neither.
 int quantized_bits_of(int64_t numel, int64_t codes, int64_t scales);
 
+// One state tensor of a parameter (a moment), kept as StateOptions say and read and written a range at a time.
 class StateBuffer {
  public:
   // Zeros shaped like param.
@@ -71,15 +73,19 @@ class StateBuffer {
   StateBuffer(const StateBuffer&) = delete;
   StateBuffer& operator=(const StateBuffer&) = delete;
 
+  // The number of values (the parameter's element count).
   int64_t numel() const { return numel_; }
+  // The precision it really has (effective_precision: small tensors keep fp32).
   StatePrecision precision() const { return precision_; }
   // Elements per chunk of the update (a multiple of the block).
   int64_t chunk() const { return chunk_; }
   // Values [begin, end) as fp32 on `device`. For fp32 state on that device this is a view: writes
   // to it change the state, and store() of it is free.
   at::Tensor load(int64_t begin, int64_t end, at::Device device) const;
+  // Writes values (fp32, end - begin of them, any device) into [begin, end), quantizing them when the
+  // state is 8- or 4-bit (begin then block-aligned).
   void store(int64_t begin, int64_t end, const at::Tensor& values);
-  int64_t bytes() const;
+  int64_t bytes() const;  // bytes held: codes and scales, or the dense tensor
   // The quantized form (8- and 4-bit precisions), for fused kernels; nullptr otherwise.
   QuantizedBuffer* quantized() { return quantized_.get(); }
   // The fp32 or bf16 values (flat, numel() of them, on the state's place: the device, host memory

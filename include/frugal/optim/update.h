@@ -70,6 +70,7 @@ inline bool uses_dense_kernel(at::ScalarType param_dtype, at::Device device, boo
 // "avx2" or "portable" (FRUGAL_CPU_KERNELS=portable forces the last, =avx2 stops at AVX2).
 const char* dense_cpu_kernel();
 
+// One parameter group's algorithm and hyperparameters, and how its Adam(W) state is kept.
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;
   double lr = 1e-3;
@@ -85,9 +86,11 @@ struct Hyper {
   // smaller than bf16's resolution still move the parameter on average.
   bool stochastic_rounding = false;
 
+  // Whether `param`'s Adam(W) moments live in StateBuffers (uses_buffered_state).
   bool buffered(const at::Tensor& param) const { return uses_buffered_state(param.scalar_type(), state, stochastic_rounding); }
 };
 
+// One parameter's optimizer state: its step count and the tensors its algorithm keeps.
 struct ParamState {
   int64_t step = 0;            // updates applied so far
   at::Tensor exp_avg;          // adam(w): first moment

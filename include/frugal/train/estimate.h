@@ -21,6 +21,7 @@
 namespace frugal {
 namespace train {
 
+// estimate_training_memory's answer: a training step's predicted peak in bytes, by category, and where it is.
 struct MemoryEstimate {
   memory::CategoryBytes by_category{};  // at the estimated peak, in the tracker's categories (category.h)
   int64_t peak_bytes = 0;

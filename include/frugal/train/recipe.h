@@ -44,6 +44,7 @@ constexpr std::array<ComputeDtype, 3> kComputeDtypes = {ComputeDtype::fp32, Comp
 const char* compute_dtype_name(ComputeDtype c);  // "fp32", "bf16", "auto"
 std::optional<ComputeDtype> parse_compute_dtype(const std::string& name);
 
+// A training run as a recipe YAML describes it (load_recipe), one field per key; YAML keys in the comments.
 struct Recipe {
   std::string name = "recipe";
   models::DecoderConfig model;           // model.vocab_size 0: take it from the tokenizer
@@ -111,11 +112,13 @@ struct Recipe {
   int64_t activation_budget = 0;               // bytes; > 0 plans the checkpointing to fit (overrides checkpointing)
   models::LossOptions loss;                    // memory.chunked_loss (chunked), memory.loss_chunk (chunk_size)
 
+  // Whether the optimizer steps inside backward (optimizer.in_backward).
   bool in_backward() const { return optimizer.mode() == optim::Mode::in_backward; }
+  // Whether the data is a text corpus (no data.format) rather than JSON Lines examples.
   bool text_data() const { return !example_format.has_value(); }
   data::ExampleOptions example_options() const;  // examples with format = *example_format
   std::vector<std::string> corpus_paths() const;  // corpus, one path per line
-  std::vector<std::string> validation_paths() const;
+  std::vector<std::string> validation_paths() const;  // validation, one path per line (empty when none)
 };
 
 // The parameter dtypes a recipe accepts: "fp32" (at::kFloat) and "bf16" (at::kBFloat16).

@@ -21,6 +21,7 @@
 namespace frugal {
 namespace train {
 
+// The counters of a run that a checkpoint saves besides the model and the optimizer.
 struct RunState {
   int64_t step = 0;            // training steps completed
   int64_t schedule_step = 0;   // LRScheduler::last_step()

@@ -46,6 +46,7 @@ struct StepProgress {
 using LogFn = std::function<void(const std::string&)>;
 using ProgressFn = std::function<void(const StepProgress&)>;
 
+// How run_training runs a recipe: resuming, progress, stopping early, memory tracking and limits, data parallelism.
 struct TrainOptions {
   TORCH_ARG(bool, resume) = false;        // continue from out_dir/latest when it exists
   TORCH_ARG(ProgressFn, on_progress) = nullptr;  // called after every step; null: no progress
@@ -92,6 +93,7 @@ struct ExampleReport {
   int64_t processed_tokens = 0;      // the rows' tokens, padding included, over the steps run here (what the model computed)
 };
 
+// What a training run did and measured: steps, losses, timings, memory peaks and estimates, outputs.
 struct TrainResult {
   int64_t first_step = 0;          // 0, or the step resumed from
   int64_t last_step = 0;
@@ -125,6 +127,7 @@ struct TrainResult {
   dist::Traffic traffic;  // this rank's collectives
 };
 
+// What prepare_data made or found: the tokenizer and data files, and the vocabulary size.
 struct PreparedData {
   std::string tokenizer_path;
   std::string tokens_path;       // the token file, or the training examples file
