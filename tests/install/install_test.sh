@@ -2,7 +2,8 @@
 # `cmake --install` into a temporary prefix, moved elsewhere after the install (and its package
 # files checked for paths into the source or build folder), then an outside project (this folder)
 # finds it with find_package(frugal), builds against frugal::frugal and runs: a tiny model's checkpointed loss
-# and gradients, and a tokenizer through the installed SentencePiece helpers.
+# and gradients, and a tokenizer through the installed SentencePiece helpers. Then examples/, built
+# and run from the install the same way (the core ones also without pkg-config).
 set -u
 build="$1"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -54,4 +55,51 @@ assert diff < 1e-6, diff                      # checkpointing leaves the gradien
 assert m.group(3) == "lazy fox", m.group(3)
 assert (m.group(4) == "loaded") == (sys.argv[2] == "on"), m.group(4)  # a CPU build: "this build ... has no CUDA"
 PY
+
+# The examples (examples/), built as a user builds them from the install: first the two that need
+# frugal::core alone, with pkg-config made unfindable (the core asks for LibTorch only), then all
+# four; each runs and its figures are checked.
+cp -r "$src/examples" "$tmp/examples" || fail "copying examples/"
+cmake -S "$tmp/examples" -B "$tmp/examples-core" -DFRUGAL_EXAMPLES_CORE_ONLY=ON -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=TRUE \
+  -DCMAKE_PREFIX_PATH="$prefix${torch_path:+;$torch_path}" "${launcher[@]}" >"$tmp/log" 2>&1 ||
+  fail "configuring the core examples with find_package(frugal COMPONENTS memory checkpoint optim) and no pkg-config"
+cmake --build "$tmp/examples-core" -j2 >"$tmp/log" 2>&1 || fail "building the core examples against frugal::core"
+cmake -S "$tmp/examples" -B "$tmp/examples-all" -DCMAKE_PREFIX_PATH="$prefix${torch_path:+;$torch_path}" "${launcher[@]}" \
+  >"$tmp/log" 2>&1 || fail "configuring examples/"
+cmake --build "$tmp/examples-all" -j2 >"$tmp/log" 2>&1 || fail "building examples/"
+run_example() {  # name args...: runs it in $tmp/run with the install's helpers only
+  local name=$1; shift
+  (cd "$tmp/run" && env -u FRUGAL_SPM_SHIM -u FRUGAL_SPM_TRAIN -u FRUGAL_CUDA_MODULE "$tmp/examples-all/$name" "$@") \
+    >"$tmp/$name.out" 2>"$tmp/log" || fail "examples/$name exited non-zero: $(cat "$tmp/$name.out")"
+  cat "$tmp/$name.out"
+}
+run_example own_model
+run_example plan_budget
+run_example data_parallel --nproc 2
+"$tmp/examples-core/own_model" >"$tmp/own_model_core.out" 2>"$tmp/log" || fail "the core build of examples/own_model"
+python3 - "$tmp" <<'PY' || fail "the examples' figures"
+import re, sys
+d = sys.argv[1]
+own = open(d + "/own_model.out").read()
+m = re.search(r"peak (\S+)x of plain; last loss (\S+) \(plain\) (\S+) \(frugal\)", own)
+assert m, own
+ratio, plain, cut = map(float, m.groups())
+assert ratio < 0.6, f"checkpointing + int8 in backward kept {ratio} of the plain peak"
+assert abs(plain - cut) < 0.05 * plain, (plain, cut)   # 8-bit state trains as fp32 does over six steps
+for line in own.splitlines()[:2]:
+    assert re.search(r"parameter \d", line) and "gradient" in line and "activation" in line, line
+assert "within the budget" in open(d + "/plan_budget.out").read()
+assert "identical parameters" in open(d + "/data_parallel.out").read()
+PY
+# (3) needs a Hugging Face folder: transformers writes one where the torch 2.x environment has it.
+py="$src/.venv-torch2/bin/python"
+if [ -x "$py" ] && "$py" -c "import transformers" 2>/dev/null; then
+  "$py" "$src/scripts/make_hf_example.py" "$tmp/hf" >"$tmp/log" 2>&1 || fail "making a Hugging Face folder"
+  run_example finetune_hf "$tmp/hf" /usr/share/games/fortunes/fortunes "$tmp/hf-tuned" 12
+  [ -f "$tmp/hf-tuned/model.safetensors" ] && [ -f "$tmp/hf-tuned/config.json" ] || fail "finetune_hf wrote no model folder"
+  "$py" -c "import sys, transformers; transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]); transformers.AutoTokenizer.from_pretrained(sys.argv[1])" \
+    "$tmp/hf-tuned" >"$tmp/log" 2>&1 || fail "transformers cannot load what finetune_hf wrote"
+else
+  echo "examples/finetune_hf built; not run (no torch 2.x environment with transformers)"
+fi
 echo "1 passed, 0 failed"
