@@ -9,7 +9,6 @@
 #include <torch/torch.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -62,7 +61,6 @@ int main(int argc, char** argv) {
       if (step % 5 == 0 || step == steps - 1) std::printf("step %d loss %.4f\n", step, loss.item<double>());
     }
     std::cout << "memory: " << tracker->report() << "\n";
-    std::filesystem::create_directories(out);
     frugal::models::save_hf_checkpoint(*model, out);
     tokenizer.save_folder(out);
     std::printf("loss %.4f -> %.4f; wrote %s\n", first, last, out.c_str());

@@ -247,6 +247,7 @@ void save_hf_checkpoint(DecoderImpl& model, const std::string& dir, int64_t max_
   const auto params = model.named_parameters();
   const at::ScalarType dtype = params.is_empty() ? at::kFloat : params.begin()->value().scalar_type();
   const std::string torch_dtype = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  io::make_directories(dir);
   io::write_file_atomic(dir + "/config.json", hf_config_json(model.config(), torch_dtype));
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
   int64_t in_shard = 0;

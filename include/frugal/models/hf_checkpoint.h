@@ -47,8 +47,8 @@ void check_hf_weights(const DecoderConfig& config, const std::string& dir);
 // options' dtype, or the file's (torch_dtype / dtype) when options name none, or fp32.
 Decoder load_hf_checkpoint(const std::string& dir, const at::TensorOptions& options = {});
 
-// Writes config.json and the weights, sharded when they exceed max_shard_bytes (0: one file).
-// Every file is written atomically.
+// Writes config.json and the weights into dir (made when missing), sharded when they exceed
+// max_shard_bytes (0: one file). Every file is written atomically.
 void save_hf_checkpoint(DecoderImpl& model, const std::string& dir, int64_t max_shard_bytes = 0);
 
 }  // namespace models
