@@ -14,6 +14,7 @@
 #include "args.h"
 #include "commands.h"
 #include "frugal/memory/cuda_runtime.h"
+#include "frugal/memory/process.h"
 #include "frugal/bench/hardware.h"
 #include "frugal/dist/launch.h"
 #include "frugal/io/atomic_file.h"
@@ -121,6 +122,9 @@ int main(int argc, char** argv) {
     // where an NVIDIA driver is installed (memory/cuda_runtime.h), so a CPU machine does not carry
     // the CUDA libraries' ~250 MiB (a bad FRUGAL_CUDA is refused here).
     memory::load_cuda();
+    // A training step frees and takes back the same bytes every step: glibc keeps them mapped
+    // rather than refaulting them (memory/process.h; the environment's own MALLOC_* settings win).
+    memory::keep_freed_heap();
     if (command == "account") return cli::run_account(argc, argv);
     if (command == "bench") return cli::run_bench(argc, argv);
     if (command == "train") return cli::run_train(argc, argv);
