@@ -23,7 +23,8 @@ on the shapes, thread count and repetitions frugal's JSON reports:
    Llama) trained by PyTorch through ``transformers``' LlamaForCausalLM (sdpa attention) in eager
    fp32 with foreach and with fused AdamW, eager bf16 autocast, and ``torch.compile`` (inductor)
    fp32 and bf16, beside ``frugal bench train``'s four corners (fp32/bf16 products, techniques
-   off/on). Each PyTorch variant and each frugal corner also runs in a process of its own for its
+   off/on). On a CPU without bf16 instructions (``frugal bench train``'s ``bf16_corners`` false)
+   the bf16 rows of both sides are left out and ``bf16_skipped`` says why. Each PyTorch variant and each frugal corner also runs in a process of its own for its
    peak resident memory (VmHWM, which each process reads from its own /proc/self/status); PyTorch's allocator peak of one step is counted as in 1.
    Rounds are interleaved and each figure is the median over rounds; compile time is reported apart.
 
@@ -478,15 +479,26 @@ def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, round
         recipe_path = Path(__file__).resolve().parent.parent / "recipes" / f"{recipe}.yaml"
     cfg = recipe_values(recipe_path, overrides)
     cfg.update(steps=steps, threads=threads)
+    corners, variants = dict(FRUGAL_CORNERS), dict(WHOLE_STEP_VARIANTS)
     pytorch = {v: {"tokens_per_s": [], "peak_rss_bytes": [], "allocator_peak_bytes": [], "compile_s": []}
-               for v in WHOLE_STEP_VARIANTS}
-    rss_frugal = {c: [] for c in FRUGAL_CORNERS}
+               for v in variants}
+    rss_frugal = {c: [] for c in corners}
     fr_rounds = []
+    bf16_skipped = None
     for r in range(rounds):
         # frugal: bench train's four corners (their speeds and tracked peaks), then each corner alone for its RSS
         fr_rounds.append(run_frugal(frugal, "train", ["--recipe", str(recipe_path), "--steps", str(steps + 2),
                                                       "--rounds", "1", *overrides], out_dir, env))
-        for corner, keys in FRUGAL_CORNERS.items():
+        if r == 0 and not fr_rounds[0].get("bf16_corners", True):
+            # a CPU without bf16 instructions: both sides would time emulated bf16 products (minutes
+            # a step, and not what either would run there), so the bf16 rows are left out
+            bf16_skipped = fr_rounds[0]["fast_bf16_reason"]
+            print(f"+ bf16 rows skipped on both sides: {bf16_skipped}", file=sys.stderr, flush=True)
+            corners = {c: k for c, k in corners.items() if not c.startswith("bf16")}
+            variants = {v: k for v, k in variants.items() if not k[1]}
+            pytorch = {v: pytorch[v] for v in variants}
+            rss_frugal = {c: rss_frugal[c] for c in corners}
+        for corner, keys in corners.items():
             run_dir = out_dir / f"whole-step-{corner}"
             cmd = [frugal, "train", str(recipe_path), *overrides, *keys, f"train.steps={steps + 2}",
                    f"train.out_dir={run_dir}", "train.checkpoint_interval=0", "train.eval_interval=0", "schedule.warmup_steps=1",
@@ -494,7 +506,7 @@ def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, round
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
             run_child(cmd + ["--json-out", str(run_dir / "summary.json")], env)
             rss_frugal[corner].append(json.loads((run_dir / "summary.json").read_text())["peak_rss_bytes"])
-        for variant in WHOLE_STEP_VARIANTS:
+        for variant in variants:
             print(f"+ PyTorch whole step: {variant} (round {r + 1} of {rounds})", file=sys.stderr, flush=True)
             out = run_child([sys.executable, __file__, "--frugal", frugal, "--whole-step-child", variant,
                                      "--whole-step-config", json.dumps(cfg)], env)
@@ -505,7 +517,7 @@ def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, round
     med = statistics.median
     py = {v: {k: med(x) for k, x in d.items()} for v, d in pytorch.items()}
     fr = {}
-    for corner in FRUGAL_CORNERS:
+    for corner in corners:
         suffix = {"fp32_all_off": "all_off", "bf16_all_off": "all_off_bf16", "fp32_all_on": "all_on",
                   "bf16_all_on": "all_on_bf16"}[corner]
         fr[corner] = {"tokens_per_s": med([x[f"tokens_per_s_{suffix}"] for x in fr_rounds]),
@@ -513,18 +525,22 @@ def whole_step(frugal: str, recipe: str, overrides: list[str], steps: int, round
                       "peak_rss_bytes": med(rss_frugal[corner])}
     best_eager_fp32 = max(py["eager_fp32_foreach"]["tokens_per_s"], py["eager_fp32_fused"]["tokens_per_s"])
     best_fp32 = max(best_eager_fp32, py["compiled_fp32_fused"]["tokens_per_s"])
-    best_bf16 = max(py["eager_bf16_fused"]["tokens_per_s"], py["compiled_bf16_fused"]["tokens_per_s"])
     ratios = {  # speed ratios: frugal / PyTorch tokens/s (above 1: frugal faster); memory: frugal / PyTorch
         "fp32_all_off_speed_vs_best_pytorch_fp32": fr["fp32_all_off"]["tokens_per_s"] / best_fp32,
-        "bf16_all_off_speed_vs_best_pytorch_bf16": fr["bf16_all_off"]["tokens_per_s"] / best_bf16,
-        "bf16_all_on_speed_vs_pytorch_eager_bf16": fr["bf16_all_on"]["tokens_per_s"] / py["eager_bf16_fused"]["tokens_per_s"],
-        "bf16_all_on_rss_vs_pytorch_eager_bf16": fr["bf16_all_on"]["peak_rss_bytes"] / py["eager_bf16_fused"]["peak_rss_bytes"],
-        "bf16_all_on_rss_vs_pytorch_eager_fp32": fr["bf16_all_on"]["peak_rss_bytes"] / py["eager_fp32_foreach"]["peak_rss_bytes"],
         "fp32_all_off_speed_vs_compiled_fp32": fr["fp32_all_off"]["tokens_per_s"] / py["compiled_fp32_fused"]["tokens_per_s"],
-        "bf16_all_off_speed_vs_compiled_bf16": fr["bf16_all_off"]["tokens_per_s"] / py["compiled_bf16_fused"]["tokens_per_s"],
+        "fp32_all_on_rss_vs_pytorch_eager_fp32": fr["fp32_all_on"]["peak_rss_bytes"] / py["eager_fp32_foreach"]["peak_rss_bytes"],
     }
+    if bf16_skipped is None:
+        best_bf16 = max(py["eager_bf16_fused"]["tokens_per_s"], py["compiled_bf16_fused"]["tokens_per_s"])
+        ratios.update({
+            "bf16_all_off_speed_vs_best_pytorch_bf16": fr["bf16_all_off"]["tokens_per_s"] / best_bf16,
+            "bf16_all_on_speed_vs_pytorch_eager_bf16": fr["bf16_all_on"]["tokens_per_s"] / py["eager_bf16_fused"]["tokens_per_s"],
+            "bf16_all_on_rss_vs_pytorch_eager_bf16": fr["bf16_all_on"]["peak_rss_bytes"] / py["eager_bf16_fused"]["peak_rss_bytes"],
+            "bf16_all_on_rss_vs_pytorch_eager_fp32": fr["bf16_all_on"]["peak_rss_bytes"] / py["eager_fp32_foreach"]["peak_rss_bytes"],
+            "bf16_all_off_speed_vs_compiled_bf16": fr["bf16_all_off"]["tokens_per_s"] / py["compiled_bf16_fused"]["tokens_per_s"],
+        })
     return {"config": {k: cfg[k] for k in cfg}, "recipe": str(recipe_path), "overrides": overrides, "rounds": rounds,
-            "frugal": fr, "pytorch": py, "ratio": ratios}
+            "frugal": fr, "pytorch": py, "ratio": ratios, "bf16_skipped": bf16_skipped}
 
 
 def pytorch_chunked_loss(cfg: dict) -> dict:
@@ -710,6 +726,8 @@ def print_table(summary: dict):
             print(f"  {name:30}{d['tokens_per_s']:>10.0f}{mib(d['peak_rss_bytes']):>14}{mib(tensors):>14}{extra}")
         for k, v in ws["ratio"].items():
             print(f"  {k}: {v:.3f}")
+        if ws.get("bf16_skipped"):
+            print(f"  bf16 rows skipped: {ws['bf16_skipped']}")
     print(f"kept bytes without checkpointing by saved_tensors_hooks (the seed's count): "
           f"{c['pytorch']['saved_bytes_hooks']['none']} B, frugal's tracker {c['frugal']['saved_bytes']['none']} B")
 

@@ -134,6 +134,7 @@ expect 2 "'yarn' is not supported" -- train tiny --dry-run model.init_from="$tmp
 expect 2 "train.out_dir $tmp/afile exists and is not a folder" -- train tiny train.out_dir="$tmp/afile"
 expect 2 "recipe '/nonexistent' is neither a file" -- bench optim-state --recipe /nonexistent
 expect 2 "recipe 'nosuch' is neither a file" -- bench train --recipe nosuch
+expect 2 "--bf16 must be auto, on or off, not 'maybe'" -- bench train --bf16 maybe
 expect 0 "optimizer.algorithm  (one of sgd, adam, adamw; default adamw)" -- train --list-keys
 [ -e "$tmp/nocorpus" ] && { echo "FAIL: a refused run left $tmp/nocorpus behind"; failed=$((failed + 1)); }
 
@@ -657,11 +658,12 @@ PY
 done
 
 # bench train: techniques on and off in fp32 and bf16, and each alone off, with the median step's tokens/s of each.
-if "$frugal" bench train --recipe tiny --steps 3 --rounds 2 memory.checkpointing=full memory.chunked_loss=true optimizer.in_backward=true \
+if "$frugal" bench train --recipe tiny --steps 3 --rounds 2 --bf16 on memory.checkpointing=full memory.chunked_loss=true optimizer.in_backward=true \
      train.out_dir="$tmp/bt" --json-out "$tmp/bt.json" >"$tmp/bt.out" 2>"$tmp/bt.err" && python3 - "$tmp/bt.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["rounds"] == 2, j["rounds"]  # each corner its fastest of two interleaved runs
+assert j["bf16_corners"] is True, j  # --bf16 on: run even where bf16 products are emulated
 for k in ["tokens_per_s_all_on", "tokens_per_s_all_off", "all_on_over_all_off", "peak_bytes_all_on", "peak_bytes_all_off",
           "tokens_per_s_all_on_bf16", "tokens_per_s_all_off_bf16", "peak_bytes_all_on_bf16", "peak_bytes_all_off_bf16",
           "matmul_gflops", "matmul_gflops_bf16", "achieved_gflops", "achieved_gflops_bf16", "model_gflops_bf16"]:
