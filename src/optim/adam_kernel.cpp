@@ -8,6 +8,7 @@
 #include "adam_kernel.h"
 
 #include "adam_scalars.h"
+#include "rounding_noise.h"
 
 #include <ATen/Parallel.h>
 
@@ -63,20 +64,9 @@ inline float widen_bf16(uint16_t b) {
   return x;
 }
 
-inline uint32_t mix32(uint32_t h) {  // murmur3's finaliser, as quantize.cpp hashes its noise
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
-// The 16 bits of noise of element `index` under `seed`: quantize.cpp's hash, so a bf16 parameter
-// rounds the same way whichever fused kernel updates it.
+// The 16 bits of noise of element `index` under `seed` (rounding_noise.h: every kernel's).
 inline uint32_t bf16_noise(uint64_t seed, uint64_t index) {
-  return mix32(mix32(static_cast<uint32_t>(index) ^ static_cast<uint32_t>(seed)) ^ static_cast<uint32_t>(seed >> 32) ^
-               static_cast<uint32_t>(index >> 32)) & 0xFFFFu;
+  return rounding_noise(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), index);
 }
 
 // fp32 bits to bf16: (bits + noise) >> 16; infinities stay, a NaN stays a quiet NaN of its sign.

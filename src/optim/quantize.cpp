@@ -2,6 +2,7 @@
 
 #include "adam_scalars.h"
 #include "quantize_kernel.h"
+#include "rounding_noise.h"
 
 #include "frugal/memory/tracker.h"
 
@@ -390,15 +391,6 @@ void widen_bf16(const uint16_t* in, float* out, int64_t count, int64_t block) {
   for (int64_t j = count; j < block; ++j) out[j] = 0.0f;
 }
 
-inline uint32_t mix32(uint32_t h) {  // murmur3's finaliser: every input bit reaches every output bit
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
 // fp32 to bf16: to nearest even, or stochastically (add 16 bits of noise, keep the top half).
 // Infinities stay; a NaN stays a (quiet) NaN of the same sign.
 inline __attribute__((always_inline)) void narrow_bf16_body(const float* in, uint16_t* out, int64_t count, bool stochastic,
@@ -408,7 +400,7 @@ inline __attribute__((always_inline)) void narrow_bf16_body(const float* in, uin
     uint32_t bits;
     std::memcpy(&bits, in + j, 4);
     const uint64_t index = static_cast<uint64_t>(first + j);
-    const uint32_t noise = stochastic ? mix32(mix32(static_cast<uint32_t>(index) ^ s0) ^ s1 ^ static_cast<uint32_t>(index >> 32)) & 0xFFFFu
+    const uint32_t noise = stochastic ? rounding_noise(s0, s1, index)
                                       : 0x7FFFu + ((bits >> 16) & 1u);
     const bool special = (bits & 0x7F800000u) == 0x7F800000u;
     const uint32_t quiet = (bits & 0x007FFFFFu) != 0 ? 0x40u : 0u;

@@ -291,7 +291,7 @@ FRUGAL_AVX512 inline __m512 load16(const uint16_t* x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-FRUGAL_AVX512 inline __m512i mix32(__m512i h) {  // quantize.cpp's murmur3 finaliser, 16 lanes
+FRUGAL_AVX512 inline __m512i mix32(__m512i h) {  // rounding_noise.h's mix32, 16 lanes
   h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
   h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x85ebca6bu)));
   h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));

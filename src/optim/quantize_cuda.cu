@@ -10,6 +10,7 @@
 #include "frugal/optim/quantize.h"
 
 #include "adam_scalars.h"
+#include "rounding_noise.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -42,19 +43,10 @@ struct MomentView {
 __device__ __forceinline__ float load_value(const float* x, int64_t i) { return x[i]; }
 __device__ __forceinline__ float load_value(const uint16_t* x, int64_t i) { return __uint_as_float(static_cast<uint32_t>(x[i]) << 16); }
 
-__device__ __forceinline__ uint32_t mix32(uint32_t h) {  // quantize.cpp's mix32 (murmur3's finaliser)
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
 // quantize.cpp's narrow_bf16_body for one value at parameter index `index`.
 __device__ __forceinline__ uint16_t narrow_bf16(float x, bool stochastic, uint32_t s0, uint32_t s1, uint64_t index) {
   const uint32_t bits = __float_as_uint(x);
-  const uint32_t noise = stochastic ? mix32(mix32(static_cast<uint32_t>(index) ^ s0) ^ s1 ^ static_cast<uint32_t>(index >> 32)) & 0xFFFFu
+  const uint32_t noise = stochastic ? rounding_noise(s0, s1, index)
                                     : 0x7FFFu + ((bits >> 16) & 1u);
   const bool special = (bits & 0x7F800000u) == 0x7F800000u;
   const uint32_t quiet = (bits & 0x007FFFFFu) != 0 ? 0x40u : 0u;
