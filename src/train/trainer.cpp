@@ -32,7 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Weight decay on matrices only (not on norms, biases or... embeddings included, as is common).
+// Weight decay on every matrix, embeddings included (as is common), and not on norm weights or biases.
 std::vector<optim::ParamGroup> param_groups(models::DecoderImpl& model) {
   optim::ParamGroup decay, no_decay;
   no_decay.weight_decay = 0.0;
