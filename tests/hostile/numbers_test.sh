@@ -190,7 +190,10 @@ for key, v in [("train.steps", "1x"), ("train.steps", "99999999999999999999"), (
 #    must be classed here.
 NUMERIC_ENV = {"MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "FRUGAL_NUM_THREADS", "COLUMNS"}
 TEXT_ENV = {"MASTER_ADDR", "GLOO_SOCKET_IFNAME", "TMPDIR", "FRUGAL_CPU_KERNELS", "FRUGAL_CUDA", "FRUGAL_SPM_PARENT",
-            "FRUGAL_TEST_KILL_AFTER_WRITING"}
+            "FRUGAL_TEST_KILL_AFTER_WRITING",
+            # glibc's own (it parses them at start); frugal only asks whether they are set, to leave
+            # the heap settings they make as they are (memory::keep_freed_heap)
+            "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
 read = set()
 for root in ("src", "apps"):
     for d, _, files in os.walk(os.path.join(src, root)):
