@@ -40,7 +40,7 @@ bool is_file(const std::string& p) {
 void write_estimate(io::JsonWriter& w, const train::MemoryEstimate& e) {
   w.begin_object().key("peak_bytes").value(e.peak_bytes).key("peak_at").value(e.peak_at).key("by_category").begin_object();
   for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(e.by_category[static_cast<int>(c)]);
-  w.end_object().key("state_in_files_bytes").value(e.state_in_files_bytes);
+  w.end_object().key("state_in_files_bytes").value(e.state_in_files_bytes).key("state_window_bytes").value(e.state_window_bytes);
   w.key("state_off_device_bytes").value(e.state_off_device_bytes);
   w.key("state_fp32_fallback").begin_object().key("tensors").value(e.state_fp32_fallback_tensors);
   w.key("params").value(e.state_fp32_fallback_params).end_object().end_object();
@@ -52,6 +52,11 @@ void print_state_placement(std::ostream& out, const train::Recipe& r, const trai
   if (e.state_off_device_bytes > 0) {
     out << "optimizer state: " << io::human_bytes(e.state_off_device_bytes) << " in host memory"
         << (placement == optim::StatePlacement::mmap ? " (mapped files)" : "") << ", not in the GPU's peak above\n";
+  } else if (placement == optim::StatePlacement::file && e.state_in_files_bytes > 0) {
+    out << "optimizer state: " << io::human_bytes(e.state_in_files_bytes) << " in files under " << r.optimizer.state().mmap_dir()
+        << ", streamed through a window of " << io::human_bytes(e.state_window_bytes)
+        << " (counted above: the pages of one chunk of one parameter's moments are mapped in at a time, the next read "
+        << "ahead); the rest (block scales, small tensors' state) stays in memory\n";
   } else if (e.state_in_files_bytes > 0) {
     out << "optimizer state: " << io::human_bytes(e.state_in_files_bytes) << " of its "
         << io::human_bytes(e.by_category[static_cast<int>(memory::Category::optimizer_state)]) << " in files under "
@@ -201,7 +206,7 @@ int launch_ranks(int argc, char** argv, int64_t nproc, const std::string& out_di
 }  // namespace
 
 // The recipes shipped in recipes/, for messages (one list, so the two places that name them agree).
-const char* const kShippedRecipes = "tiny, default, finetune, alpaca-tiny, llama2-7b, llama2-7b-cpu";
+const char* const kShippedRecipes = "tiny, default, finetune, alpaca-tiny, llama2-7b, llama2-7b-cpu, llama2-7b-cpu-8bit";
 
 std::string resolve_recipe(const std::string& arg) {
   struct stat st {};

@@ -177,7 +177,7 @@ at::Tensor SafetensorsReader::load(const std::string& name) const {
 }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, const std::function<void(size_t)>& written) {
   std::set<std::string> names;
   std::ostringstream header;
   JsonWriter w(header, 0);
@@ -207,9 +207,10 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   AtomicFileWriter out(path);
   out.write(len_bytes, 8);
   out.write(json.data(), json.size());
-  for (const auto& item : tensors) {
-    const at::Tensor cpu = item.second.detach().to(at::kCPU).contiguous();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor cpu = tensors[i].second.detach().to(at::kCPU).contiguous();
     out.write(cpu.data_ptr(), static_cast<size_t>(cpu.numel()) * cpu.element_size());
+    if (written) written(i);
   }
   out.commit();
 }

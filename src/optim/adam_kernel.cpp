@@ -39,6 +39,7 @@ struct AdamScalars {
   bool decay_param = false;  // AdamW with weight decay: p *= 1 - lr*wd
   bool stochastic = false;   // a bf16 parameter rounded stochastically with `seed`
   uint64_t seed = 0;
+  int64_t first_index = 0;   // of p's first element in its parameter, for the noise
 };
 
 // One SGD step's constants as ATen casts them (alpha and multipliers to fp32).
@@ -358,6 +359,7 @@ void adam_step_dense_cpu(const AdamStep& h, const at::Tensor& p, const at::Tenso
   s.decay_param = h.decoupled && h.weight_decay != 0;
   s.stochastic = rounding.stochastic;
   s.seed = rounding.seed;
+  s.first_index = rounding.first_index;
   const DenseRefs r{p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.scalar_type() == at::kBFloat16,
                     g.scalar_type() == at::kBFloat16, m.scalar_type() == at::kBFloat16};
   run(kAdam, kernel, s, r, p.numel());

@@ -192,11 +192,30 @@ struct Optimizer::Impl {
     const double moved_before = moved();
     at::Tensor target = own(p, p.tensor);
     apply_update(hyper(p.group), p.state, target, own(p, grad));
+    if (p.state.m && p.state.m->windowed()) read_ahead_after(static_cast<size_t>(&p - params.data()));
     update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state_transfer_seconds += moved() - moved_before;
   }
   double update_seconds = 0;
   double state_transfer_seconds = 0;
+
+  // File placement: params[i] was just updated; the first chunk of the state of the parameter that
+  // followed it last time (in in-backward mode, the order gradients complete) is read ahead while
+  // the next gradients are computed. The last of a step is followed by the first of the next.
+  std::vector<int64_t> updated_after;  // -1: not seen yet
+  int64_t last_updated = -1;
+  void read_ahead_after(size_t i) {
+    if (updated_after.size() != params.size()) updated_after.assign(params.size(), -1);
+    if (last_updated >= 0) updated_after[static_cast<size_t>(last_updated)] = static_cast<int64_t>(i);
+    last_updated = static_cast<int64_t>(i);
+    const int64_t next = updated_after[i];
+    if (next < 0) return;
+    const ParamState& s = params[static_cast<size_t>(next)].state;
+    if (s.m && s.v) {
+      s.m->prefetch(0, s.m->chunk());
+      s.v->prefetch(0, s.v->chunk());
+    }
+  }
 
   // The gradient of params[i] is complete (autograd accumulated it): it is a gradient from its
   // allocation on, for the tracker; in in-backward mode it is used and freed now.
@@ -851,6 +870,7 @@ StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, 
   const StateBufferBytes one = state_buffer_bytes(numel, o.state());
   b.total = 2 * one.total;
   b.in_files = 2 * one.in_files;
+  b.window = 2 * one.window;
   return b;
 }
 
@@ -859,18 +879,21 @@ int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device d
   if (o.algorithm() == Algorithm::sgd) return 0;
   const bool buffered = uses_buffered_state(dtype, o.state(), o.stochastic_rounding());
   const StatePrecision p = effective_precision(numel, o.state());
-  if (uses_dense_kernel(dtype, device, buffered, p)) return 0;  // one fused pass in place
+  // File placement: both moments' chunk mapped in and out within the update (the tracker's
+  // temporary memory: made and freed in the update's scope).
+  const int64_t window = buffered ? 2 * state_buffer_bytes(numel, o.state()).window : 0;
+  if (uses_dense_kernel(dtype, device, buffered, p)) return window;  // one fused pass in place
   if (!buffered) return 2 * numel * e;
   if ((p == StatePrecision::int8 || p == StatePrecision::int4) && uses_fused_kernel(dtype, device)) {
     // On a GPU with the state off it, the CUDA kernel holds one chunk's codes and scales of both
     // moments on the device; otherwise nothing.
-    if (device.is_cpu() || o.state().placement() == StatePlacement::device) return 0;
+    if (device.is_cpu() || o.state().placement() == StatePlacement::device) return window;
     StateOptions on_device = o.state();
     on_device.placement(StatePlacement::device);
-    return 2 * state_buffer_bytes(std::min(numel, o.state().chunk_elements()), on_device).total;
+    return window + 2 * state_buffer_bytes(std::min(numel, o.state().chunk_elements()), on_device).total;
   }
   // fp32 chunks: parameter, gradient, m, v, the update, and the noise of stochastic rounding (measured: 23 B a value)
-  return std::min(numel, o.state().chunk_elements()) * 24;
+  return window + std::min(numel, o.state().chunk_elements()) * 24;
 }
 
 int64_t shared_code_table_bytes(const std::vector<int64_t>& numels, const OptimizerOptions& o) {

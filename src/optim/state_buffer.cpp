@@ -1,14 +1,21 @@
 #include "frugal/optim/state_buffer.h"
 
+#include "frugal/io/units.h"
+
 #include <chrono>
 
 #include <c10/core/Allocator.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <limits>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <stdexcept>
 
@@ -37,6 +44,7 @@ const char* placement_name(StatePlacement p) {
     case StatePlacement::device: return "device";
     case StatePlacement::host: return "host";
     case StatePlacement::mmap: return "mmap";
+    case StatePlacement::file: return "file";
   }
   return "device";
 }
@@ -62,6 +70,61 @@ StatePrecision effective_precision(int64_t numel, const StateOptions& o) {
   return quantized && numel < o.min_quantized_numel() ? StatePrecision::fp32 : o.precision();
 }
 
+namespace {
+
+// Bytes of codes or dense values per element (int4: half a byte, counted by the callers).
+int64_t dense_bytes_per_element(StatePrecision p) {
+  switch (p) {
+    case StatePrecision::fp32: return 4;
+    case StatePrecision::bf16: return 2;
+    default: return 1;
+  }
+}
+
+// Elements per chunk of the update: options.chunk_elements, or under file placement as many as
+// fill half the window (the other moment takes the other half); whole blocks, at least one.
+int64_t dense_elements_per_chunk(StatePrecision p, const StateOptions& o) {
+  const int64_t block = state_block_size(p) > 1 ? state_block_size(p) : 256;
+  int64_t elements = o.chunk_elements();
+  if (o.placement() == StatePlacement::file) {
+    const int64_t half = std::max<int64_t>(1, o.window_bytes() / 2);
+    elements = p == StatePrecision::int4 ? half * 2 : half / dense_bytes_per_element(p);
+  }
+  return std::max(block, elements / block * block);
+}
+
+constexpr size_t kPage = 4096;
+
+// File placement's live buffers by the start of their mapping (release_state_pages).
+std::mutex registry_mutex;
+std::map<const char*, std::pair<size_t, StateBuffer*>>& registry() {
+  static std::map<const char*, std::pair<size_t, StateBuffer*>> r;
+  return r;
+}
+
+}  // namespace
+
+void check_state_dir_space(const std::string& dir, int64_t bytes) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) throw std::invalid_argument(dir + " cannot be used for the state files: " + std::strerror(errno));
+  const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+  if (static_cast<double>(bytes) > free) {
+    const int64_t shown = free >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(free);
+    throw std::invalid_argument(dir + " has " + io::human_bytes(shown) + " free; the optimizer state files need " +
+                                io::human_bytes(bytes) + ": free space there or set optimizer.state_dir elsewhere");
+  }
+}
+
+void release_state_pages(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || t.numel() == 0) return;
+  const char* p = static_cast<const char*>(t.data_ptr());
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().upper_bound(p);
+  if (it == registry().begin()) return;
+  --it;
+  if (p < it->first + it->second.first) it->second.second->release_all();
+}
+
 StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& o) {
   const StatePrecision p = effective_precision(numel, o);
   StateBufferBytes b;
@@ -74,7 +137,11 @@ StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& o) {
     scales = blocks * 4;
   }
   b.total = dense + scales;
-  b.in_files = o.placement() == StatePlacement::mmap ? dense : 0;
+  b.in_files = in_files(o.placement()) ? dense : 0;
+  if (o.placement() == StatePlacement::file) {
+    const int64_t elements = dense_elements_per_chunk(p, o);
+    b.window = std::min(dense, p == StatePrecision::int4 ? elements / 2 : elements * dense_bytes_per_element(p));
+  }
   return b;
 }
 
@@ -84,7 +151,7 @@ StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOpt
   device_ = placement_ == StatePlacement::device ? param.device() : at::Device(at::kCPU);
   // Chunks of the streamed update hold whole blocks (256 values for the unquantized precisions).
   const int64_t block = state_block_size(precision_) > 1 ? state_block_size(precision_) : 256;
-  chunk_ = std::max<int64_t>(block, o.chunk_elements() / block * block);
+  chunk_ = dense_elements_per_chunk(precision_, o);
   switch (precision_) {
     case StatePrecision::fp32: dense_ = allocate(numel_, at::kFloat, device_); break;
     case StatePrecision::bf16: dense_ = allocate(numel_, at::kBFloat16, device_); break;
@@ -92,7 +159,7 @@ StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOpt
     case StatePrecision::int4: {
       const int bits = precision_ == StatePrecision::int8 ? 8 : 4;
       quantized_ = std::make_unique<QuantizedBuffer>(numel_, bits, block, is_signed, device_);
-      if (placement_ == StatePlacement::mmap) {
+      if (in_files(placement_)) {
         quantized_->move_codes_to(allocate(quantized_->codes().numel(), at::kByte, device_));  // codes in the file
       }
       break;
@@ -103,14 +170,20 @@ StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOpt
 StateBuffer::~StateBuffer() {
   dense_ = at::Tensor();
   quantized_.reset();
-  for (auto& [p, n] : maps_) {
-    ::munmap(p, n);
-    c10::reportMemoryUsageToProfiler(p, -static_cast<int64_t>(n), 0, 0, c10::Device(c10::kCPU));
+  for (const Mapping& m : maps_) {
+    ::munmap(m.p, m.bytes);
+    if (m.fd >= 0) {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      registry().erase(static_cast<const char*>(m.p));
+      ::close(m.fd);
+    } else {
+      c10::reportMemoryUsageToProfiler(m.p, -static_cast<int64_t>(m.bytes), 0, 0, c10::Device(c10::kCPU));
+    }
   }
 }
 
 at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device device) {
-  if (placement_ != StatePlacement::mmap) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+  if (!in_files(placement_)) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
   // A file the kernel pages in and out: unlinked at once, so it vanishes with the mapping.
   std::string path = mmap_dir_ + "/frugal-state-XXXXXX";
   const int fd = ::mkstemp(&path[0]);
@@ -125,13 +198,75 @@ at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device
                              std::strerror(rc) + "); free space there or set optimizer.state_dir elsewhere");
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
+  const bool windowed = placement_ == StatePlacement::file;
+  if (p == MAP_FAILED || !windowed) ::close(fd);
   if (p == MAP_FAILED) throw std::runtime_error("optimizer state: cannot map a file in " + mmap_dir_);
-  maps_.emplace_back(p, bytes);
-  // Mapped state is the process's memory too (on the CPU, the device's): the tracker sees it as
-  // it sees allocator memory, in the scope that made it (optimizer_state).
-  c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(bytes), 0, 0, c10::Device(c10::kCPU));
+  maps_.push_back({p, bytes, windowed ? fd : -1});
+  if (windowed) {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    registry()[static_cast<const char*>(p)] = {bytes, this};
+  }
+  if (!windowed) {
+    // Mapped state is the process's memory too (on the CPU, the device's): the kernel keeps the
+    // pages a step touches. The tracker sees it as it sees allocator memory, in the scope that
+    // made it (optimizer_state). File placement's is seen a chunk at a time (acquire).
+    c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(bytes), 0, 0, c10::Device(c10::kCPU));
+  }
   return at::from_blob(p, {numel}, at::TensorOptions().dtype(dtype));  // zeros: a fresh file reads as zeros
+}
+
+std::pair<size_t, size_t> StateBuffer::file_range(int64_t begin, int64_t end) const {
+  const Mapping& m = maps_.front();
+  const int64_t per = quantized_ ? 1 : static_cast<int64_t>(dense_.element_size());
+  size_t first = static_cast<size_t>(begin * per), last = static_cast<size_t>(end * per);
+  if (quantized_ && quantized_->bits() == 4) first = static_cast<size_t>(begin / 2), last = static_cast<size_t>((end + 1) / 2);
+  first = first / kPage * kPage;
+  last = std::min(m.bytes, (last + kPage - 1) / kPage * kPage);
+  return {first, std::max(first, last)};
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+void StateBuffer::acquire(int64_t begin, int64_t end) {
+  if (!windowed() || begin >= end) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [first, last] = file_range(begin, end);
+  char* base = static_cast<char*>(maps_.front().p);
+  // Mapped in ahead of the kernel, and timed: the wait for the state to be read. Older kernels
+  // lack the advice; then the kernel's first touches fault the pages in.
+  (void)::madvise(base + first, last - first, MADV_POPULATE_WRITE);
+  c10::reportMemoryUsageToProfiler(base + first, static_cast<int64_t>(last - first), 0, 0, c10::Device(c10::kCPU));
+  transfer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void StateBuffer::release(int64_t begin, int64_t end) {
+  if (!windowed() || begin >= end) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [first, last] = file_range(begin, end);
+  const Mapping& m = maps_.front();
+  char* base = static_cast<char*>(m.p);
+  // Unmapping a shared file mapping keeps what was written (the pages stay in the page cache,
+  // dirty); the writing back to the file starts now rather than when the kernel gets to it.
+  ::madvise(base + first, last - first, MADV_DONTNEED);
+  ::sync_file_range(m.fd, static_cast<off_t>(first), static_cast<off_t>(last - first), SYNC_FILE_RANGE_WRITE);
+  c10::reportMemoryUsageToProfiler(base + first, -static_cast<int64_t>(last - first), 0, 0, c10::Device(c10::kCPU));
+  transfer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void StateBuffer::prefetch(int64_t begin, int64_t end) const {
+  end = std::min(end, numel_);
+  if (!windowed() || begin >= end) return;
+  const auto [first, last] = file_range(begin, end);
+  ::madvise(static_cast<char*>(maps_.front().p) + first, last - first, MADV_WILLNEED);
+}
+
+void StateBuffer::release_all() {
+  if (!windowed()) return;
+  const Mapping& m = maps_.front();
+  ::madvise(m.p, m.bytes, MADV_DONTNEED);
+  ::sync_file_range(m.fd, 0, 0, SYNC_FILE_RANGE_WRITE);  // 0, 0: the whole file
 }
 
 at::Tensor StateBuffer::load(int64_t begin, int64_t end, at::Device device) const {
@@ -192,12 +327,14 @@ void StateBuffer::restore(const std::map<std::string, at::Tensor>& in, const std
     if (full->second.numel() != numel_) throw std::invalid_argument("optimizer state " + prefix + " has the wrong size");
     const at::Tensor v = full->second.reshape({-1}).to(at::kFloat);
     for (int64_t b = 0; b < numel_; b += chunk_) store(b, std::min(numel_, b + chunk_), v.narrow(0, b, std::min(numel_, b + chunk_) - b));
+    release_all();
     return;
   }
   if (codes == in.end() || absmax == in.end()) throw std::invalid_argument("optimizer state " + prefix + " is missing");
   const at::Tensor c = codes->second, a = absmax->second;
   if (quantized_ && c.numel() == quantized_->codes().numel() && a.numel() == quantized_->absmax().numel()) {
     quantized_->assign(c.to(device_), a.to(device_));  // the same format: exactly as saved
+    release_all();
     return;
   }
   // Another format: decode with the geometry the codes imply, then store in ours.
@@ -208,6 +345,7 @@ void StateBuffer::restore(const std::map<std::string, at::Tensor>& in, const std
   other.assign(c.to(at::kCPU), a.to(at::kCPU));
   const at::Tensor v = other.load(0, numel_);
   for (int64_t b = 0; b < numel_; b += chunk_) store(b, std::min(numel_, b + chunk_), v.narrow(0, b, std::min(numel_, b + chunk_) - b));
+  release_all();
 }
 
 }  // namespace optim

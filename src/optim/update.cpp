@@ -69,6 +69,27 @@ Bf16Rounding rounding_of(const Hyper& h, const at::Tensor& param) {
   return rounding;
 }
 
+// File placement: both moments' chunk [begin, end) mapped in for the life of this, the next chunk
+// read ahead; unmapped (and written back) after.
+class Window {
+ public:
+  Window(ParamState& state, int64_t begin, int64_t end) : state_(state), begin_(begin), end_(end) {
+    if (!state.m->windowed()) return;
+    for (StateBuffer* s : {state.m.get(), state.v.get()}) s->acquire(begin, end);
+    for (StateBuffer* s : {state.m.get(), state.v.get()}) s->prefetch(end, end + (end - begin));
+  }
+  ~Window() {
+    if (!state_.m->windowed()) return;
+    for (StateBuffer* s : {state_.m.get(), state_.v.get()}) s->release(begin_, end_);
+  }
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+
+ private:
+  ParamState& state_;
+  int64_t begin_, end_;
+};
+
 // Adam(W) over chunks of blocks: load each chunk of the moments as fp32, update, store back.
 void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, const at::Tensor& grad) {
   if (!state.m) {
@@ -94,6 +115,7 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     const bool kernel_dtype = g_flat.scalar_type() == at::kFloat || g_flat.scalar_type() == at::kBFloat16;
     for (int64_t b = 0; b < n; b += chunk) {
       const int64_t e = std::min(n, b + chunk);
+      const Window window(state, b, e);
       const at::Tensor g = g_flat.narrow(0, b, e - b);
       const at::Tensor g_chunk = kernel_dtype ? g.contiguous() : g.to(at::kFloat).contiguous();
       if (cpu) {
@@ -105,14 +127,25 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     return;
   }
   // fp32 or bf16 moments of a CPU parameter: one fused pass over the whole parameter, in place
-  // (where ATen's multiply-adds are fused as the kernel's: update.h).
+  // (where ATen's multiply-adds are fused as the kernel's: update.h); a chunk at a time through
+  // file placement's window, with the whole pass's rounding noise.
   const at::Tensor &dm = state.m->dense(), &dv = state.v->dense();
   if (cpu && dm.defined() && dv.defined() && adam_dense_kernel_applies(p_flat, g_flat, dm, dv) && adam_takes_dense_kernel()) {
-    adam_step_dense_cpu(adam_step_of(h, state.step), p_flat, g_flat, dm, dv, rounding_of(h, param));
+    const AdamStep step = adam_step_of(h, state.step);
+    Bf16Rounding rounding = rounding_of(h, param);
+    const int64_t span = state.m->windowed() ? chunk : n;
+    for (int64_t b = 0; b < n; b += span) {
+      const int64_t e = std::min(n, b + span);
+      const Window window(state, b, e);
+      rounding.first_index = b;
+      adam_step_dense_cpu(step, p_flat.narrow(0, b, e - b), g_flat.narrow(0, b, e - b), dm.narrow(0, b, e - b),
+                          dv.narrow(0, b, e - b), rounding);
+    }
     return;
   }
   for (int64_t b = 0; b < n; b += chunk) {
     const int64_t e = std::min(n, b + chunk);
+    const Window window(state, b, e);
     at::Tensor p_view = p_flat.narrow(0, b, e - b);
     at::Tensor p = fp32_param ? p_view : p_view.to(at::kFloat);  // (e - b)
     at::Tensor g = g_flat.narrow(0, b, e - b).to(at::kFloat);

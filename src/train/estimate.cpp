@@ -126,12 +126,16 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     const optim::StateBufferBytes b = optim::state_bytes_for_parameter(n, r.dtype, r.optimizer);
     S = checked_add(S, b.total, "the optimizer state");
     est.state_in_files_bytes += b.in_files;
+    est.state_window_bytes = std::max(est.state_window_bytes, b.window);
     const optim::StatePrecision asked = r.optimizer.state().precision();
     if (r.optimizer.algorithm() != optim::Algorithm::sgd && optim::effective_precision(n, r.optimizer.state()) != asked) {
       ++est.state_fp32_fallback_tensors;
       est.state_fp32_fallback_params += n;
     }
   }
+  // File placement: the state in files is not memory but for one parameter's chunk of it, mapped in
+  // and out within that parameter's update (update_temporary_bytes counts it there).
+  if (r.optimizer.state().placement() == optim::StatePlacement::file) S -= est.state_in_files_bytes;
   // Host or file placement keeps the state off a GPU; on the CPU that memory is the device's.
   if (r.device.is_cuda() && r.optimizer.state().placement() != optim::StatePlacement::device) {
     est.state_off_device_bytes = S;

@@ -235,6 +235,15 @@ const std::vector<Field>& fields() {
       ENUM_FIELD("optimizer.state_placement", r.optimizer.state().placement(), optim::parse_placement,
                  optim::placement_name, optim::kAllStatePlacements),
       STRING_FIELD("optimizer.state_dir", r.optimizer.state().mmap_dir()),
+      {"optimizer.state_window",
+       [](Recipe& r, const std::string& v) {
+         const auto b = io::parse_bytes(v);
+         if (!b || *b < 4096 || *b > models::kMaxSizeBytes) {
+           throw std::invalid_argument(io::bytes_range(4096, models::kMaxSizeBytes) + " such as 67108864 or 256MiB");
+         }
+         r.optimizer.state().window_bytes(*b);
+       },
+       [](const Recipe& r) { return std::to_string(r.optimizer.state().window_bytes()); }, "bytes (67108864, 256MiB)"},
       BOOL_FIELD("optimizer.stochastic_rounding", r.optimizer.stochastic_rounding()),
       ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name,
                  optim::kAllScheduleKinds),
@@ -620,7 +629,8 @@ const std::map<std::string, const char*>& meanings() {
       {"optimizer.max_grad_norm", "the clipping threshold"},
       {"optimizer.state_precision", "precision of Adam's moments"},
       {"optimizer.state_placement", "where Adam's moments live"},
-      {"optimizer.state_dir", "folder of the mapped state files (state_placement mmap)"},
+      {"optimizer.state_dir", "folder of the state files (state_placement mmap or file)"},
+      {"optimizer.state_window", "state bytes mapped in at once under state_placement file"},
       {"optimizer.stochastic_rounding", "round bf16 parameter updates stochastically"},
       {"schedule.kind", "learning-rate schedule"},
       {"schedule.warmup_steps", "steps of linear warm-up (below train.steps for cosine and linear_decay)"},

@@ -292,7 +292,8 @@ void save_optimizer_state(const std::string& path, const optim::Optimizer& optim
   // when it lives elsewhere), so no second copy of the whole state is made.
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, tensor] : optimizer.state_dict()) tensors.emplace_back(name, tensor);
-  io::write_safetensors(path, tensors);
+  // State in files (file placement) is mapped in as the writer reads it: dropped again tensor by tensor.
+  io::write_safetensors(path, tensors, {}, [&tensors](size_t i) { optim::release_state_pages(tensors[i].second); });
 }
 
 void load_checkpoint_optimizer_state(const std::string& dir, optim::Optimizer& optimizer, bool require_state) {

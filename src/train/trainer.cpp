@@ -295,6 +295,13 @@ class Trainer {
     dp_ = DataParallel{group_ ? group_->size() : 1, group_ ? group_->rank() : 0};
     result_.estimate = estimate_training_memory(r_, cfg_.vocab_size, dp_);
     result_.estimate_plain = estimate_training_memory(without_techniques(r_), cfg_.vocab_size, dp_);
+    if (optim::in_files(r_.optimizer.state().placement())) {
+      try {
+        optim::check_state_dir_space(r_.optimizer.state().mmap_dir(), result_.estimate.state_in_files_bytes);
+      } catch (const std::invalid_argument& e) {
+        throw RecipeError(std::string("optimizer.state_dir: ") + e.what());
+      }
+    }
     result_.world_size = dp_.world_size;
     result_.total_steps = r_.steps;
   }
@@ -414,7 +421,7 @@ class Trainer {
         waits.push_back(group_->broadcast_async(item.value(), 0, "the broadcast of the initial '" + item.key() + "'"));
       }
       for (auto& w : waits) w();
-      if (opt.state().placement() == optim::StatePlacement::mmap) {
+      if (optim::in_files(opt.state().placement())) {
         const std::string dir = opt.state().mmap_dir() + "/rank-" + std::to_string(group_->rank());
         io::make_directories(dir);
         opt.state(optim::StateOptions(opt.state()).mmap_dir(dir));

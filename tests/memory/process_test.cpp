@@ -1,5 +1,6 @@
 // The process's own memory settings: glibc keeps what a step frees for the next step.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,10 @@ int in_child(Body body) {
 TEST(Process, KeepFreedHeapStopsTheNextStepRefaultingWhatThisOneFreed) {
   // 144 MiB is 36864 pages: glibc's defaults hand them back and the next step faults them all in.
   const int status = in_child([] {
+    // glibc's thresholds as a fresh process starts with them (128 KiB), set here because a fork
+    // inherits what earlier tests' frees made of them (glibc raises them as mapped blocks are freed).
+    ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    ::mallopt(M_TRIM_THRESHOLD, 128 * 1024);
     one_step_of_gradients();
     const int64_t plain = one_step_of_gradients();
     std::string why;

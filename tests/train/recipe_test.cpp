@@ -91,7 +91,7 @@ TEST(Recipe, ErrorsNameTheKeyAndWhatIsAllowed) {
   expect_error(kYaml, {"optimizer.clip=x"},
                "override: optimizer.clip must be one of none, global_norm, global_norm_two_pass, per_param_norm, got 'x'");
   expect_error(kYaml, {"optimizer.state_precision=fp8"}, "optimizer.state_precision must be one of fp32, bf16, int8, int4, got 'fp8'");
-  expect_error(kYaml, {"optimizer.state_placement=disk"}, "optimizer.state_placement must be one of device, host, mmap, got 'disk'");
+  expect_error(kYaml, {"optimizer.state_placement=disk"}, "optimizer.state_placement must be one of device, host, mmap, file, got 'disk'");
   expect_error(kYaml, {"schedule.kind=cos"}, "schedule.kind must be one of constant, linear_warmup, cosine, linear_decay, step, got 'cos'");
   expect_error(kYaml, {"model.dtype=fp16"}, "model.dtype must be one of fp32, bf16, got 'fp16'");
   expect_error(kYaml, {"train.device=tpu"}, "train.device must be cpu, cuda or cuda:N, got 'tpu'");

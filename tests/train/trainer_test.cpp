@@ -403,7 +403,8 @@ TEST(Trainer, MetricsFileIsClosedWhenTheRunStopsOnAMemoryLimit) {
 namespace {
 
 // The llama2-7b-cpu recipe at its real width (dim 4096, ffn 11008, vocab 32000) with two layers:
-// 0.67B parameters, the path the 7B run takes, small enough for CI.
+// 0.67B parameters, the path the 7B run takes (4-bit state in a file through a window), small
+// enough for CI.
 train::Recipe seven_b_width(const std::string& run, std::vector<std::string> o = {}) {
   const std::string base = ::testing::TempDir() + "/frugal_train";
   ::mkdir(base.c_str(), 0755);
@@ -446,8 +447,9 @@ TEST(Trainer, SevenBillionWidthTwoLayersMatchesItsEstimateAndResumesExactly) {
     EXPECT_LE(static_cast<double>(tracker->peak_bytes()), bound) << "building held more than the parameters and one tensor";
     EXPECT_EQ(tracker->live_bytes(), c.param_count() * 2);
   }
-  // Stopped after step 2 and resumed: the same third loss, bit for bit.
-  const auto resumed_recipe = seven_b_width("7b-width-resumed");
+  // Stopped after step 2 and resumed: the same third loss, bit for bit, with the state file streamed
+  // through a window of 1 MiB instead of the recipe's 256 MiB.
+  const auto resumed_recipe = seven_b_width("7b-width-resumed", {"optimizer.state_window=1MiB"});
   const auto part1 = train::run_training(resumed_recipe, train::TrainOptions().sample(false).stop_after(2), quiet);
   const auto part2 = train::run_training(resumed_recipe, train::TrainOptions().sample(false).resume(true), quiet);
   ASSERT_EQ(part1.losses.size(), 2u);

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -76,9 +77,11 @@ class SafetensorsReader {
 };
 
 // Writes tensors (any device, any layout; stored contiguous) atomically. Names must be unique and
-// must not be "__metadata__".
+// must not be "__metadata__". `written`, when set, is called with each tensor's index once its
+// bytes are written (a caller streaming state from files drops the pages it read).
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::function<void(size_t)>& written = {});
 
 const char* safetensors_dtype_name(at::ScalarType t);  // "F32", "BF16", ...
 

@@ -131,6 +131,9 @@ void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, Quanti
 struct Bf16Rounding {
   bool stochastic = false;
   uint64_t seed = 0;
+  // The index in its parameter of the first element a dense step is given: a step taken a chunk at
+  // a time draws the noise the whole parameter's step would.
+  int64_t first_index = 0;
 };
 
 // The same step for a parameter and gradient of fp32 or bf16 (contiguous CPU tensors of end - begin

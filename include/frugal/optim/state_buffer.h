@@ -2,8 +2,11 @@
 //
 // Precision: fp32, bf16, 8-bit (blocks of 256) or 4-bit (blocks of 128) with one fp32 absmax per
 // block (quantize.h). Place: on the parameter's device, in host memory (streamed to the device a
-// chunk at a time during the step), or in a memory-mapped file that the operating system pages.
-// The step reads and writes a chunk of blocks at a time, so no full fp32 copy of the state exists.
+// chunk at a time during the step), in a memory-mapped file that the operating system pages
+// (mmap), or in a file streamed through a bounded window (file): each chunk's pages are mapped in
+// before its update, written back and unmapped after it, and the next chunk is read ahead, so at
+// most window_bytes of state are resident at once. The step reads and writes a chunk of blocks at
+// a time, so no full fp32 copy of the state exists.
 // Tensors with fewer than min_quantized_numel elements keep fp32 state.
 //
 //   frugal::optim::StateBuffer m(param, /*is_signed=*/true, frugal::optim::StateOptions().precision(
@@ -27,16 +30,16 @@ namespace frugal {
 namespace optim {
 
 enum class StatePrecision { fp32, bf16, int8, int4 };
-enum class StatePlacement { device, host, mmap };
+enum class StatePlacement { device, host, mmap, file };
 constexpr std::array<StatePrecision, 4> kAllStatePrecisions = {StatePrecision::fp32, StatePrecision::bf16,
                                                                 StatePrecision::int8, StatePrecision::int4};
-constexpr std::array<StatePlacement, 3> kAllStatePlacements = {StatePlacement::device, StatePlacement::host,
-                                                                StatePlacement::mmap};
+constexpr std::array<StatePlacement, 4> kAllStatePlacements = {StatePlacement::device, StatePlacement::host,
+                                                                StatePlacement::mmap, StatePlacement::file};
 
 // "fp32", "bf16", "int8", "int4"; parse_precision is the inverse (nullopt for any other text).
 const char* precision_name(StatePrecision p);
 std::optional<StatePrecision> parse_precision(const std::string& s);
-// "device", "host", "mmap"; parse_placement is the inverse.
+// "device", "host", "mmap", "file"; parse_placement is the inverse.
 const char* placement_name(StatePlacement p);
 std::optional<StatePlacement> parse_placement(const std::string& s);
 
@@ -44,20 +47,34 @@ std::optional<StatePlacement> parse_placement(const std::string& s);
 struct StateOptions {
   TORCH_ARG(StatePrecision, precision) = StatePrecision::fp32;
   TORCH_ARG(StatePlacement, placement) = StatePlacement::device;
-  TORCH_ARG(std::string, mmap_dir) = "/tmp";         // where mmap placement creates its files
+  TORCH_ARG(std::string, mmap_dir) = "/tmp";         // where mmap and file placement create their files
+  TORCH_ARG(int64_t, window_bytes) = 64 << 20;       // file placement: the most state bytes resident at once
   TORCH_ARG(int64_t, min_quantized_numel) = 4096;    // smaller tensors keep fp32 state
   TORCH_ARG(int64_t, chunk_elements) = 1 << 20;      // elements per step of the streamed update
 };
+
+// Whether the state's values (codes or dense values) live in files: mmap and file placement.
+inline bool in_files(StatePlacement p) { return p == StatePlacement::mmap || p == StatePlacement::file; }
+
+// Refuses, before anything is made, state files of `bytes` in total that the free space of `dir`
+// cannot hold (std::invalid_argument: "<dir> has N free; ..."), and a `dir` that is not a folder.
+void check_state_dir_space(const std::string& dir, int64_t bytes);
+
+// Where `t` is a view of file-placement state (StateBuffer::save's), unmaps that buffer's pages
+// (StateBuffer::release_all); anything else is left alone.
+void release_state_pages(const at::Tensor& t);
 
 // Values per quantization block (one fp32 absmax each): 256 for int8, 128 for int4, 1 otherwise.
 int64_t state_block_size(StatePrecision precision);
 // The precision a parameter of `numel` elements really gets (small tensors keep fp32 state).
 StatePrecision effective_precision(int64_t numel, const StateOptions& options);
 // Bytes one StateBuffer of `numel` values allocates (codes and scales, or the dense tensor), and
-// how many of them live in mapped files (mmap placement: codes or dense values; scales stay in memory).
+// how many of them live in mapped files (mmap and file placement: codes or dense values; scales stay
+// in memory), and of those how many file placement maps in at once (one chunk: StateBuffer::chunk).
 struct StateBufferBytes {
   int64_t total = 0;
   int64_t in_files = 0;
+  int64_t window = 0;
 };
 StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& options);
 // The bits (8 or 4) of saved codes and scales for `numel` values: the block geometry that `codes`
@@ -77,8 +94,19 @@ class StateBuffer {
   int64_t numel() const { return numel_; }
   // The precision it really has (effective_precision: small tensors keep fp32).
   StatePrecision precision() const { return precision_; }
-  // Elements per chunk of the update (a multiple of the block).
+  // Elements per chunk of the update (a multiple of the block). File placement: as many as fill
+  // half the window (the other moment's chunk takes the other half).
   int64_t chunk() const { return chunk_; }
+  // File placement (else these do nothing): before the update of [begin, end), its pages are mapped
+  // in (read from the page cache or the disk: timed, transfer_seconds); after it, unmapped and
+  // their writing back started (timed). The tracker sees a chunk as memory while it is mapped in.
+  // prefetch asks the kernel to read [begin, end) ahead without waiting for it; release_all unmaps
+  // every page (after a checkpoint has read them all, or a restore written them).
+  bool windowed() const { return placement_ == StatePlacement::file; }
+  void acquire(int64_t begin, int64_t end);
+  void release(int64_t begin, int64_t end);
+  void prefetch(int64_t begin, int64_t end) const;
+  void release_all();
   // Values [begin, end) as fp32 on `device`. For fp32 state on that device this is a view: writes
   // to it change the state, and store() of it is free.
   at::Tensor load(int64_t begin, int64_t end, at::Device device) const;
@@ -115,7 +143,14 @@ class StateBuffer {
   at::Device device_ = at::kCPU;     // where the state lives
   at::Tensor dense_;                 // fp32 or bf16 state
   std::unique_ptr<QuantizedBuffer> quantized_;
-  std::vector<std::pair<void*, size_t>> maps_;  // mmap placement
+  struct Mapping {
+    void* p;
+    size_t bytes;
+    int fd;  // file placement keeps it open for writing back; -1 for mmap placement
+  };
+  std::vector<Mapping> maps_;  // mmap and file placement: the codes or dense values
+  // file placement: the byte range of maps_[0] a range of values takes, page-aligned outwards
+  std::pair<size_t, size_t> file_range(int64_t begin, int64_t end) const;
   std::string mmap_dir_;
   mutable double transfer_seconds_ = 0;
 };

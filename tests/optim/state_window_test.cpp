@@ -1,0 +1,186 @@
+// Optimizer state in files streamed through a bounded window (state_placement file): the same
+// bits as state in memory in both modes, every precision, fp32 and bf16 parameters; only the
+// window resident during and after a step, a checkpoint's writing and a restore; an exact resume
+// from saved state; a folder too small for the files refused before anything is made.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "frugal/io/safetensors.h"
+#include "frugal/memory/process.h"
+#include "frugal/memory/tracker.h"
+#include "frugal/optim/optimizer.h"
+#include "frugal/optim/state_buffer.h"
+
+#include <torch/nn/modules/linear.h>
+
+using namespace frugal;
+using namespace frugal::optim;
+
+namespace {
+
+// Two large weights (and a bias under the small-tensor rule), in fp32 or bf16.
+struct Net : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  Net(uint64_t seed, int64_t d, at::ScalarType dtype) {
+    torch::manual_seed(seed);
+    a = register_module("a", torch::nn::Linear(d, 2 * d));
+    b = register_module("b", torch::nn::Linear(torch::nn::LinearOptions(2 * d, d).bias(false)));
+    to(dtype);
+  }
+  at::Tensor loss(const at::Tensor& x) { return (b(at::gelu(a(x))) - x.flip(1)).to(at::kFloat).pow(2).mean(); }
+};
+
+std::vector<at::Tensor> batches(int n, int64_t d, at::ScalarType dtype) {
+  torch::manual_seed(7);
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < n; ++i) out.push_back(at::randn({8, d}).to(dtype));
+  return out;
+}
+
+void train(Net& net, Optimizer& opt, const std::vector<at::Tensor>& xs) {
+  for (const auto& x : xs) {
+    opt.backward(net.loss(x));
+    opt.step();
+    opt.zero_grad();
+  }
+}
+
+bool same_bits(torch::nn::Module& x, torch::nn::Module& y) {
+  const auto px = x.parameters(), py = y.parameters();
+  for (size_t i = 0; i < px.size(); ++i) {
+    if (!at::equal(px[i], py[i])) return false;
+  }
+  return true;
+}
+
+OptimizerOptions options(StatePrecision p, StatePlacement where, Mode mode, int64_t window) {
+  OptimizerOptions o = OptimizerOptions().lr(3e-3).weight_decay(0.01).mode(mode).stochastic_rounding(true);
+  o.state(StateOptions().precision(p).placement(where).mmap_dir(::testing::TempDir()).window_bytes(window));
+  return o;
+}
+
+}  // namespace
+
+TEST(StateWindow, FileStateGivesTheBitsOfStateInMemory) {
+  // A window of 8 KiB: every weight's moments go through it in 4 to 32 chunks, each chunk's
+  // stochastic rounding drawing the noise the whole parameter's step would.
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const auto xs = batches(4, 64, dtype);
+    for (StatePrecision p : kAllStatePrecisions) {
+      for (Mode mode : {Mode::standard, Mode::in_backward}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + precision_name(p) + (mode == Mode::in_backward ? " in backward" : ""));
+        Net memory(1, 64, dtype), file(1, 64, dtype);
+        Optimizer o_memory(memory.named_parameters(), options(p, StatePlacement::device, mode, 8 << 10));
+        Optimizer o_file(file.named_parameters(), options(p, StatePlacement::file, mode, 8 << 10));
+        at::manual_seed(3);
+        train(memory, o_memory, xs);
+        at::manual_seed(3);
+        train(file, o_file, xs);
+        EXPECT_TRUE(same_bits(memory, file));
+      }
+    }
+  }
+}
+
+TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
+  // 2M fp32 parameters: 16 MiB of moments in files. A window of 1 MiB.
+  const int64_t d = 1024, window = 1 << 20;
+  const auto xs = batches(2, d, at::kFloat);
+  auto resident_files = [] { return memory::process_memory().file; };
+  if (resident_files() == 0) GTEST_SKIP() << "the kernel does not report RssFile";
+  // The measure can fail: mmap placement keeps what a step touched.
+  {
+    Net net(2, d, at::kFloat);
+    const int64_t before = resident_files();
+    Optimizer opt(net.named_parameters(), options(StatePrecision::fp32, StatePlacement::mmap, Mode::standard, window));
+    train(net, opt, xs);
+    EXPECT_GE(resident_files() - before, 15 << 20);
+  }
+  Net net(2, d, at::kFloat);
+  auto tracker = memory::Tracker::create(false);
+  memory::TrackingGuard on(tracker);
+  const int64_t before = resident_files();
+  Optimizer opt(net.named_parameters(), options(StatePrecision::fp32, StatePlacement::file, Mode::in_backward, window));
+  train(net, opt, xs);
+  EXPECT_LE(resident_files() - before, 2 << 20);
+  // The tracker sees the window while a chunk is mapped in (the peak of a step in standard mode,
+  // where the gradients stay put), and nothing of the files after. int8 state: each moment's
+  // chunk is 512K codes.
+  {
+    Net other(4, d, at::kFloat);
+    Optimizer standard(other.named_parameters(), options(StatePrecision::int8, StatePlacement::file, Mode::standard, window));
+    for (int i = 0; i < 2; ++i) {
+      standard.backward(other.loss(xs[0]));
+      tracker->reset_peak();
+      standard.step();
+      standard.zero_grad();
+    }
+    // Made and freed within the update, the window is the update's temporary memory (as
+    // update_temporary_bytes counts it); the block scales stay in memory, the rest is in files.
+    const auto at_peak = tracker->peak_report().breakdown;
+    const int64_t scales = (2 * d * d / 256) * 4 * 2 * 2;  // both weights' block scales, both moments
+    EXPECT_EQ(at_peak[static_cast<int>(memory::Category::temporary)], window);
+    EXPECT_EQ(at_peak[static_cast<int>(memory::Category::optimizer_state)], scales);
+    EXPECT_EQ(update_temporary_bytes(2 * d * d, at::kFloat, at::kCPU, options(StatePrecision::int8, StatePlacement::file, Mode::standard, window)), window);
+    EXPECT_EQ(tracker->live_by_category()[static_cast<int>(memory::Category::optimizer_state)], scales);
+  }
+
+  // A checkpoint's writing reads every page of the files: dropped tensor by tensor.
+  const std::string path = ::testing::TempDir() + "/state_window_opt.safetensors";
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, t] : opt.state_dict()) tensors.emplace_back(name, t);
+  io::write_safetensors(path, tensors, {}, [&tensors](size_t i) { release_state_pages(tensors[i].second); });
+  EXPECT_LE(resident_files() - before, 2 << 20);
+
+  // Restored into a fresh optimizer: the restore's writes are dropped too, and the run continues
+  // exactly as the one that saved.
+  Net resumed(9, d, at::kFloat);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < resumed.parameters().size(); ++i) resumed.parameters()[i].copy_(net.parameters()[i]);
+  }
+  Optimizer opt2(resumed.named_parameters(), options(StatePrecision::fp32, StatePlacement::file, Mode::in_backward, window));
+  io::SafetensorsReader file(path);
+  TensorDict saved;
+  for (const auto& t : file.tensors()) saved[t.name] = file.load(t.name);
+  opt2.load_state_dict(saved);
+  saved.clear();
+  EXPECT_LE(resident_files() - before, 2 << 20);
+  const auto more = batches(2, d, at::kFloat);
+  train(net, opt, more);
+  train(resumed, opt2, more);
+  EXPECT_TRUE(same_bits(net, resumed));
+  std::remove(path.c_str());
+}
+
+TEST(StateWindow, AFolderTooSmallForTheFilesIsRefusedByName) {
+  const std::string dir = ::testing::TempDir();
+  EXPECT_NO_THROW(check_state_dir_space(dir, 4096));
+  try {
+    check_state_dir_space(dir, int64_t{1} << 60);  // an exbibyte
+    ADD_FAILURE() << "an exbibyte of state was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind(dir + " has ", 0), 0u) << what;
+    EXPECT_NE(what.find("the optimizer state files need 1073741824.00 GiB"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  EXPECT_THROW(check_state_dir_space(dir + "/no-such-folder", 1), std::invalid_argument);
+}
+
+TEST(StateWindow, WindowBytesAndChunksFollowTheWindow) {
+  const StateOptions o = StateOptions().placement(StatePlacement::file).window_bytes(1 << 20);
+  // Half the window per moment: 128K fp32 values, 512K bf16 ... as many values as fill 512 KiB.
+  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::fp32)).window, 512 << 10);
+  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int8)).window, 512 << 10);
+  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int4)).window, 512 << 10);
+  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int8)).in_files, 1 << 22);
+  // A parameter smaller than the window maps all of itself.
+  EXPECT_EQ(state_buffer_bytes(8192, StateOptions(o).precision(StatePrecision::int8)).window, 8192);
+  StateBuffer b(at::zeros({1 << 22}), true, StateOptions(o).precision(StatePrecision::fp32).mmap_dir(::testing::TempDir()));
+  EXPECT_EQ(b.chunk(), 128 << 10);
+  EXPECT_TRUE(b.windowed());
+}
