@@ -97,15 +97,17 @@ class StateBuffer {
   // Elements per chunk of the update (a multiple of the block). File placement: as many as fill
   // half the window (the other moment's chunk takes the other half).
   int64_t chunk() const { return chunk_; }
-  // File placement (else these do nothing): before the update of [begin, end), its pages are mapped
-  // in (read from the page cache or the disk: timed, transfer_seconds); after it, unmapped and
-  // their writing back started (timed). The tracker sees a chunk as memory while it is mapped in.
-  // prefetch asks the kernel to read [begin, end) ahead without waiting for it; release_all unmaps
-  // every page (after a checkpoint has read them all, or a restore written them).
+  // True for file placement: the state lives in a mapped file and only a bounded window of it is
+  // resident. The four calls below do nothing otherwise.
   bool windowed() const { return placement_ == StatePlacement::file; }
+  // Before the update of [begin, end): maps its pages in (read from the page cache or the disk;
+  // timed into transfer_seconds). The tracker sees a chunk as memory while it is mapped in.
   void acquire(int64_t begin, int64_t end);
+  // After the update of [begin, end): unmaps its pages and starts their writing back (timed).
   void release(int64_t begin, int64_t end);
+  // Asks the kernel to read [begin, end) ahead, without waiting for it.
   void prefetch(int64_t begin, int64_t end) const;
+  // Unmaps every page: after a checkpoint has read them all, or a restore written them.
   void release_all();
   // Values [begin, end) as fp32 on `device`. For fp32 state on that device this is a view: writes
   // to it change the state, and store() of it is free.
