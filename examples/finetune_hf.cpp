@@ -42,7 +42,9 @@ int main(int argc, char** argv) {
     tracker->watch(*model);
     frugal::memory::TrackingGuard tracking(tracker);
     frugal::optim::Optimizer optimizer(model->named_parameters(),  // by name: the state dict says whose state is whose
-                                       frugal::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.0)
+                                       frugal::optim::AdamWOptions(1e-3)
+                                           .betas({0.9, 0.95})
+                                           .weight_decay(0.0)
                                            .state_precision(frugal::optim::StatePrecision::int8)
                                            .mode(frugal::optim::Mode::in_backward)
                                            .clip(frugal::optim::Clip::per_param_norm));

@@ -77,7 +77,6 @@ int main() {
   std::cout << "plain  AdamW:                          " << plain.report << "\n"
             << "frugal checkpointed, int8 in backward: " << cut.report << "\n";
   std::printf("peak %.2fx of plain; last loss %.4f (plain) %.4f (frugal)\n",
-              static_cast<double>(cut.report.peak_bytes) / static_cast<double>(plain.report.peak_bytes), plain.last_loss,
-              cut.last_loss);
+              static_cast<double>(cut.report.peak_bytes) / static_cast<double>(plain.report.peak_bytes), plain.last_loss, cut.last_loss);
   return 0;
 }

@@ -19,6 +19,7 @@ packages=(
   chromium              # headless, for the HTML report's browser test (tests/apps/report_browser_test.sh)
   fonts-dejavu-core     # the report's font, so the browser test's screenshots show text
   doxygen               # the API reference from the headers (scripts/api_docs.sh), checked by the tests
+  clang-format          # the house style (.clang-format), checked by the tests (scripts/format.sh --check)
 )
 
 missing=()

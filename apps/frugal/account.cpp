@@ -16,56 +16,58 @@ namespace {
 
 void write_account_table(const bench::AccountResult& r, std::ostream& out) {
   const auto& c = r.config;
-  out << "frugal account: " << c.layers << " pre-LN blocks, width " << c.width << ", " << c.heads
-      << " heads, input (" << c.batch << ", " << c.seq << ", " << c.width << "), fp32 on " << c.device.str()
-      << ", " << r.n_params << " parameters\n\n";
-  out << std::left << std::setw(20) << "bucket" << std::right << std::setw(14) << "formula" << std::setw(14)
-      << "tensors" << std::setw(14) << "tracker" << "\n";
+  out << "frugal account: " << c.layers << " pre-LN blocks, width " << c.width << ", " << c.heads << " heads, input (" << c.batch << ", "
+      << c.seq << ", " << c.width << "), fp32 on " << c.device.str() << ", " << r.n_params << " parameters\n\n";
+  out << std::left << std::setw(20) << "bucket" << std::right << std::setw(14) << "formula" << std::setw(14) << "tensors" << std::setw(14)
+      << "tracker"
+      << "\n";
   auto row = [&](const char* name, const bench::BytesCheck& b) {
-    out << std::left << std::setw(20) << name << std::right << std::setw(14) << io::human_bytes(b.formula)
-        << std::setw(14) << io::human_bytes(b.tensors) << std::setw(14) << io::human_bytes(b.tracked)
-        << (b.agree() ? "" : "   MISMATCH") << "\n";
+    out << std::left << std::setw(20) << name << std::right << std::setw(14) << io::human_bytes(b.formula) << std::setw(14)
+        << io::human_bytes(b.tensors) << std::setw(14) << io::human_bytes(b.tracked) << (b.agree() ? "" : "   MISMATCH") << "\n";
   };
   row("parameters", r.param_bytes);
   row("gradients", r.grad_bytes);
   row("AdamW state", r.adamw_state_bytes);
 
   const bench::VariantResult* none = r.find("none");
-  out << "\n" << std::left << std::setw(20) << "checkpointing" << std::right << std::setw(14) << "kept"
-      << std::setw(10) << "vs none" << std::setw(12) << "fwd+bwd" << std::setw(10) << "vs none"
-      << std::setw(16) << "max grad diff" << "\n";
+  out << "\n"
+      << std::left << std::setw(20) << "checkpointing" << std::right << std::setw(14) << "kept" << std::setw(10) << "vs none"
+      << std::setw(12) << "fwd+bwd" << std::setw(10) << "vs none" << std::setw(16) << "max grad diff"
+      << "\n";
   for (const auto& v : r.variants) {
     char ratio[32], time[32], tratio[32], diff[32];
-    std::snprintf(ratio, sizeof(ratio), "%.3f",
-                  none ? static_cast<double>(v.saved_bytes) / static_cast<double>(none->saved_bytes) : 0.0);
+    std::snprintf(ratio, sizeof(ratio), "%.3f", none ? static_cast<double>(v.saved_bytes) / static_cast<double>(none->saved_bytes) : 0.0);
     std::snprintf(time, sizeof(time), v.time_s ? "%.1f ms" : "-", v.time_s ? *v.time_s * 1e3 : 0.0);
     std::snprintf(tratio, sizeof(tratio), (v.time_s && none && none->time_s) ? "%.2fx" : "-",
                   (v.time_s && none && none->time_s) ? *v.time_s / *none->time_s : 0.0);
     std::snprintf(diff, sizeof(diff), "%.2e", v.max_grad_diff);
-    out << std::left << std::setw(20) << v.name << std::right << std::setw(14) << io::human_bytes(v.saved_bytes)
-        << std::setw(10) << ratio << std::setw(12) << time << std::setw(10) << tratio << std::setw(16) << diff
-        << "\n";
+    out << std::left << std::setw(20) << v.name << std::right << std::setw(14) << io::human_bytes(v.saved_bytes) << std::setw(10) << ratio
+        << std::setw(12) << time << std::setw(10) << tratio << std::setw(16) << diff << "\n";
   }
-  out << "\n" << std::left << std::setw(20) << "attention" << std::right << std::setw(14) << "kept" << std::setw(14)
-      << "predicted" << std::setw(10) << "ratio" << std::setw(12) << "fwd+bwd" << std::setw(16) << "vs explicit" << "\n";
+  out << "\n"
+      << std::left << std::setw(20) << "attention" << std::right << std::setw(14) << "kept" << std::setw(14) << "predicted" << std::setw(10)
+      << "ratio" << std::setw(12) << "fwd+bwd" << std::setw(16) << "vs explicit"
+      << "\n";
   for (const auto& a : r.attentions) {
     char ratio[32], time[32], diff[32];
     std::snprintf(ratio, sizeof(ratio), "%.4f", a.measured_over_predicted());
     std::snprintf(time, sizeof(time), a.time_s ? "%.1f ms" : "-", a.time_s ? *a.time_s * 1e3 : 0.0);
     std::snprintf(diff, sizeof(diff), "%.2e", a.max_grad_diff);
     out << std::left << std::setw(20) << models::attention_kernel_name(a.kernel) << std::right << std::setw(14)
-        << io::human_bytes(a.saved_bytes) << std::setw(14) << io::human_bytes(a.predicted_saved_bytes) << std::setw(10)
-        << ratio << std::setw(12) << time << std::setw(16) << diff << "\n";
+        << io::human_bytes(a.saved_bytes) << std::setw(14) << io::human_bytes(a.predicted_saved_bytes) << std::setw(10) << ratio
+        << std::setw(12) << time << std::setw(16) << diff << "\n";
   }
   out << "  (no checkpointing; kept = measured bytes between forward and backward, vs explicit = max grad diff)\n";
   char mop[64];
   std::snprintf(mop, sizeof(mop), "%.4f", r.measured_over_predicted());
   if (r.optimizer_modes) {
     const auto& o = *r.optimizer_modes;
-    out << "\n" << std::left << std::setw(28) << "training step (AdamW)" << std::right << std::setw(14) << "peak"
-        << std::setw(18) << "live gradients" << "\n";
-    out << std::left << std::setw(28) << "  step after backward" << std::right << std::setw(14)
-        << io::human_bytes(o.peak_bytes_standard) << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_standard) << "\n";
+    out << "\n"
+        << std::left << std::setw(28) << "training step (AdamW)" << std::right << std::setw(14) << "peak" << std::setw(18)
+        << "live gradients"
+        << "\n";
+    out << std::left << std::setw(28) << "  step after backward" << std::right << std::setw(14) << io::human_bytes(o.peak_bytes_standard)
+        << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_standard) << "\n";
     out << std::left << std::setw(28) << "  step inside backward" << std::right << std::setw(14)
         << io::human_bytes(o.peak_bytes_in_backward) << std::setw(18) << io::human_bytes(o.max_live_grad_bytes_in_backward)
         << "   (largest node " << io::human_bytes(o.largest_grad_bytes) << ")\n";
@@ -84,8 +86,8 @@ void write_account_table(const bench::AccountResult& r, std::ostream& out) {
                   static_cast<long long>(b.plan.checkpointed_blocks()), static_cast<long long>(r.config.layers));
     out << line;
     out << "  predicted peak  " << io::human_bytes(b.plan.predicted_bytes) << ", measured " << io::human_bytes(b.measured_bytes);
-    std::snprintf(line, sizeof(line), " (%.3f), recompute %.1f ms", static_cast<double>(b.measured_bytes) /
-                  static_cast<double>(b.plan.predicted_bytes), b.plan.recompute_s * 1e3);
+    std::snprintf(line, sizeof(line), " (%.3f), recompute %.1f ms",
+                  static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes), b.plan.recompute_s * 1e3);
     out << line << "\n";
     std::snprintf(line, sizeof(line), "  sqrt(n) rule    %s: predicted peak ", b.sqrt_n.describe().c_str());
     out << line << io::human_bytes(b.sqrt_n.predicted_bytes);
@@ -114,8 +116,7 @@ int run_account(int argc, char** argv) {
   add_stack_flags(args, config);
   args.add_int("seed", &seed, "random seed", 0, kMaxSeed);
   args.add_output("json-out", &json_out, "also write the result as JSON here ('-' for standard output)", "FILE");
-  args.add_bytes("budget", &budget,
-                  "activation budget: plan which blocks to checkpoint so the activation peak fits, then measure it", 0);
+  args.add_bytes("budget", &budget, "activation budget: plan which blocks to checkpoint so the activation peak fits, then measure it", 0);
   args.add_output("trace-out", &trace_out, "write the allocation timeline (JSON; frugal report reads it)", "FILE");
   args.add_flag("skip-timing", &skip_timing, "do not time forward+backward (time_s is null)");
   if (!args.parse(argc, argv, 2)) return 0;
@@ -128,9 +129,8 @@ int run_account(int argc, char** argv) {
 
   warn_if_slow_blas();
   const bool json_to_stdout = json_out == "-";
-  bench::AccountResult result = bench::run_memory_account(config, [](const std::string& line) {
-    std::cerr << "frugal account: " << line << "\n";
-  });
+  bench::AccountResult result =
+      bench::run_memory_account(config, [](const std::string& line) { std::cerr << "frugal account: " << line << "\n"; });
   if (!result.budgets.empty() && !result.budgets.front().feasible) {
     const auto& b = result.budgets.front();
     throw UsageError("--budget " + std::to_string(b.budget_bytes) + " (" + io::human_bytes(b.budget_bytes) +
@@ -154,8 +154,8 @@ int run_account(int argc, char** argv) {
   }
 
   if (result.n_params != result.n_params_formula) {
-    throw std::runtime_error("parameter count " + std::to_string(result.n_params) + " differs from L*(12d^2+13d) = " +
-                             std::to_string(result.n_params_formula));
+    throw std::runtime_error("parameter count " + std::to_string(result.n_params) +
+                             " differs from L*(12d^2+13d) = " + std::to_string(result.n_params_formula));
   }
   for (const auto* check : {&result.param_bytes, &result.grad_bytes, &result.adamw_state_bytes}) {
     if (!check->agree()) throw std::runtime_error("a byte count differs between formula, tensors and tracker (see MISMATCH)");

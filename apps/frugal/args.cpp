@@ -46,16 +46,14 @@ void Args::add_rest(std::vector<std::string>* target, const std::string& metavar
   rest_metavar_ = metavar;
 }
 
-void Args::add_string(const std::string& name, std::string* target, const std::string& help,
-                      const std::string& metavar) {
+void Args::add_string(const std::string& name, std::string* target, const std::string& help, const std::string& metavar) {
   flags_.push_back({name, help, metavar, *target, "", true, [=](const std::string& text) {
                       if (text.empty()) throw UsageError("--" + name + " needs a non-empty value");
                       *target = text;
                     }});
 }
 
-void Args::add_output(const std::string& name, std::string* target, const std::string& help,
-                      const std::string& metavar) {
+void Args::add_output(const std::string& name, std::string* target, const std::string& help, const std::string& metavar) {
   add_string(name, target, help, metavar);
   auto set = flags_.back().set;
   flags_.back().set = [=](const std::string& text) {
@@ -66,8 +64,7 @@ void Args::add_output(const std::string& name, std::string* target, const std::s
 
 void Args::add_bytes(const std::string& name, int64_t* target, const std::string& help, int64_t min_value, int64_t max_value) {
   const std::string range = io::bytes_range(min_value, max_value);
-  flags_.push_back({name, help, "BYTES", *target >= 0 ? std::to_string(*target) : "", range, true,
-                    [=](const std::string& text) {
+  flags_.push_back({name, help, "BYTES", *target >= 0 ? std::to_string(*target) : "", range, true, [=](const std::string& text) {
                       const auto bytes = io::parse_bytes(text);
                       if (!bytes || *bytes < min_value || *bytes > max_value) {
                         throw UsageError("--" + name + " must be " + range + ", such as 50000000, 64MiB or 1.5GiB, not " +
@@ -95,9 +92,7 @@ void Args::add_positional(const std::string& name, std::string* target, const st
   positionals_.push_back({name, help, name, "", "", true, [=](const std::string& text) { *target = text; }});
 }
 
-void Args::add_short(char letter, const std::string& name) {
-  shorts_.emplace_back(std::string("-") + letter, name);
-}
+void Args::add_short(char letter, const std::string& name) { shorts_.emplace_back(std::string("-") + letter, name); }
 
 bool Args::parse(int argc, char** argv, int first) {
   size_t next_positional = 0;

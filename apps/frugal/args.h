@@ -28,8 +28,8 @@ constexpr int64_t kMaxBytes = int64_t{1} << 56;  // = models::kMaxSizeBytes
 constexpr int64_t kMaxSteps = int64_t{1} << 40;  // the recipe's train.steps bound
 constexpr int64_t kMaxRanks = 4096;              // dist/: WORLD_SIZE's bound
 constexpr int64_t kMaxSeed = INT64_MAX;
-constexpr int64_t kMaxRuns = 1000000;            // timed runs of a benchmark
-constexpr double kMaxTimeoutSeconds = 86400;     // a day
+constexpr int64_t kMaxRuns = 1000000;         // timed runs of a benchmark
+constexpr double kMaxTimeoutSeconds = 86400;  // a day
 
 class Args {
  public:
@@ -42,15 +42,12 @@ class Args {
   // An integer flag --name N.
   void add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value, int64_t max_value,
                const std::string& metavar = "N");
-  void add_string(const std::string& name, std::string* target, const std::string& help,
-                  const std::string& metavar = "VALUE");
+  void add_string(const std::string& name, std::string* target, const std::string& help, const std::string& metavar = "VALUE");
   // A file the command writes (add_string, then check_output_path on the value while parsing).
-  void add_output(const std::string& name, std::string* target, const std::string& help,
-                  const std::string& metavar = "FILE");
+  void add_output(const std::string& name, std::string* target, const std::string& help, const std::string& metavar = "FILE");
   // A byte count: 123, 64MiB, 1.5GiB, 20M, 512K, from min_value to max_value (default 2^56, 64 PiB,
   // the largest size models/ computes). Unset flags keep *target at -1 (help shows no default).
-  void add_bytes(const std::string& name, int64_t* target, const std::string& help, int64_t min_value,
-                 int64_t max_value = kMaxBytes);
+  void add_bytes(const std::string& name, int64_t* target, const std::string& help, int64_t min_value, int64_t max_value = kMaxBytes);
   // A device flag: "cpu", "cuda", "cuda:N".
   void add_device(const std::string& name, c10::Device* target, const std::string& help);
   void add_flag(const std::string& name, bool* target, const std::string& help);

@@ -36,7 +36,10 @@ const char* kBenchUsage =
 }  // namespace
 
 int run_bench(int argc, char** argv) {
-  if (argc < 3) throw UsageError("bench needs a benchmark name (checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel, packing); 'frugal bench --help' lists them");
+  if (argc < 3)
+    throw UsageError(
+        "bench needs a benchmark name (checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel, packing); 'frugal "
+        "bench --help' lists them");
   if (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
     std::cout << kBenchUsage;
     return 0;
@@ -49,7 +52,8 @@ int run_bench(int argc, char** argv) {
   if (name == "optim-state") return bench_optim_state(argc, argv);
   if (name == "data-parallel") return bench_data_parallel(argc, argv);
   if (name == "packing") return bench_packing(argc, argv);
-  throw UsageError("unknown benchmark '" + name + "' (allowed: checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel, packing)");
+  throw UsageError("unknown benchmark '" + name +
+                   "' (allowed: checkpoint, chunked-loss, optim-in-backward, train, optim-state, data-parallel, packing)");
 }
 
 }  // namespace cli

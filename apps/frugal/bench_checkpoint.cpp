@@ -38,28 +38,45 @@ int bench_checkpoint(int argc, char** argv) {
   if (!invalid.empty()) throw UsageError("--" + invalid);
 
   warn_if_slow_blas();
-  const bench::AccountResult r = bench::run_memory_account(config, [](const std::string& line) {
-    std::cerr << "frugal bench checkpoint: " << line << "\n";
-  });
+  const bench::AccountResult r =
+      bench::run_memory_account(config, [](const std::string& line) { std::cerr << "frugal bench checkpoint: " << line << "\n"; });
   const bench::VariantResult* none = r.find("none");
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("checkpoint");
-  w.key("config").begin_object()
-      .key("layers").value(config.layers).key("width").value(config.width).key("heads").value(config.heads)
-      .key("batch").value(config.batch).key("seq").value(config.seq).key("runs").value(config.timing_runs)
-      .key("threads").value(at::get_num_threads())
+  w.key("config")
+      .begin_object()
+      .key("layers")
+      .value(config.layers)
+      .key("width")
+      .value(config.width)
+      .key("heads")
+      .value(config.heads)
+      .key("batch")
+      .value(config.batch)
+      .key("seq")
+      .value(config.seq)
+      .key("runs")
+      .value(config.timing_runs)
+      .key("threads")
+      .value(at::get_num_threads())
       .end_object();
   w.key("variants").begin_object();
   for (const auto& v : r.variants) {
     const double memory_ratio = static_cast<double>(v.saved_bytes) / static_cast<double>(none->saved_bytes);
     const double time_ratio = *v.time_s / *none->time_s;
-    w.key(v.name).begin_object()
-        .key("saved_bytes").value(v.saved_bytes)
-        .key("time_s").value(*v.time_s)
-        .key("memory_ratio").value(memory_ratio)
-        .key("time_ratio").value(time_ratio)
-        .key("max_grad_diff").value(v.max_grad_diff)
+    w.key(v.name)
+        .begin_object()
+        .key("saved_bytes")
+        .value(v.saved_bytes)
+        .key("time_s")
+        .value(*v.time_s)
+        .key("memory_ratio")
+        .value(memory_ratio)
+        .key("time_ratio")
+        .value(time_ratio)
+        .key("max_grad_diff")
+        .value(v.max_grad_diff)
         .end_object();
     std::fprintf(stderr, "%-10s memory_ratio %.3f  time_ratio %.3f\n", v.name.c_str(), memory_ratio, time_ratio);
   }
@@ -72,30 +89,40 @@ int bench_checkpoint(int argc, char** argv) {
     const auto& b = r.budgets[i];
     if (!b.feasible) {
       throw std::runtime_error("the planner found no plan for " + std::to_string(fractions[i]) +
-                               " of the plain activation peak (smallest achievable: " +
-                               std::to_string(b.min_achievable_bytes) + " bytes)");
+                               " of the plain activation peak (smallest achievable: " + std::to_string(b.min_achievable_bytes) + " bytes)");
     }
     w.begin_object().key("fraction_of_none").value(fractions[i]);
-    w.key("budget_bytes").value(b.budget_bytes)
-        .key("plan").value(b.plan.describe())
-        .key("predicted_bytes").value(b.plan.predicted_bytes)
-        .key("measured_bytes").value(b.measured_bytes)
-        .key("measured_over_predicted").value(static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes))
-        .key("time_ratio").value(*b.time_s / *none->time_s)
-        .key("recompute_s").value(b.plan.recompute_s)
-        .key("max_grad_diff").value(b.max_grad_diff)
+    w.key("budget_bytes")
+        .value(b.budget_bytes)
+        .key("plan")
+        .value(b.plan.describe())
+        .key("predicted_bytes")
+        .value(b.plan.predicted_bytes)
+        .key("measured_bytes")
+        .value(b.measured_bytes)
+        .key("measured_over_predicted")
+        .value(static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes))
+        .key("time_ratio")
+        .value(*b.time_s / *none->time_s)
+        .key("recompute_s")
+        .value(b.plan.recompute_s)
+        .key("max_grad_diff")
+        .value(b.max_grad_diff)
         .end_object();
     std::fprintf(stderr, "budget %.0f%%: %s  predicted %s  measured %s (%.3f)  time_ratio %.3f\n", fractions[i] * 100,
-                 b.plan.describe().c_str(), io::human_bytes(b.plan.predicted_bytes).c_str(),
-                 io::human_bytes(b.measured_bytes).c_str(),
+                 b.plan.describe().c_str(), io::human_bytes(b.plan.predicted_bytes).c_str(), io::human_bytes(b.measured_bytes).c_str(),
                  static_cast<double>(b.measured_bytes) / static_cast<double>(b.plan.predicted_bytes), *b.time_s / *none->time_s);
   }
   w.end_array();
   if (!r.budgets.empty()) {
-    w.key("sqrt_n").begin_object()
-        .key("plan").value(r.budgets[0].sqrt_n.describe())
-        .key("predicted_bytes").value(r.budgets[0].sqrt_n.predicted_bytes)
-        .key("recompute_s").value(r.budgets[0].sqrt_n.recompute_s)
+    w.key("sqrt_n")
+        .begin_object()
+        .key("plan")
+        .value(r.budgets[0].sqrt_n.describe())
+        .key("predicted_bytes")
+        .value(r.budgets[0].sqrt_n.predicted_bytes)
+        .key("recompute_s")
+        .value(r.budgets[0].sqrt_n.recompute_s)
         .end_object();
   }
   w.key("full_kept_bound_bytes").value((config.layers + 1) * config.batch * config.seq * config.width * 4);

@@ -33,18 +33,30 @@ int bench_chunked_loss(int argc, char** argv) {
   config.timing_runs = static_cast<int>(runs);
   warn_if_slow_blas();
   std::fprintf(stderr, "frugal bench chunked-loss: %lld tokens, hidden %lld, vocabulary %lld, chunks of %lld\n",
-               static_cast<long long>(config.tokens), static_cast<long long>(config.hidden),
-               static_cast<long long>(config.vocab), static_cast<long long>(config.chunk));
+               static_cast<long long>(config.tokens), static_cast<long long>(config.hidden), static_cast<long long>(config.vocab),
+               static_cast<long long>(config.chunk));
   const bench::ChunkedLossResult r = bench::run_chunked_loss_benchmark(config);
   const double memory_ratio = static_cast<double>(r.peak_bytes_chunked) / static_cast<double>(r.peak_bytes_plain);
   const double time_ratio = r.time_s_chunked / r.time_s_plain;
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("chunked-loss");
-  w.key("config").begin_object()
-      .key("tokens").value(config.tokens).key("hidden").value(config.hidden).key("vocab").value(config.vocab)
-      .key("chunk").value(config.chunk).key("device").value(config.device.str())
-      .key("runs").value(config.timing_runs).key("threads").value(at::get_num_threads())
+  w.key("config")
+      .begin_object()
+      .key("tokens")
+      .value(config.tokens)
+      .key("hidden")
+      .value(config.hidden)
+      .key("vocab")
+      .value(config.vocab)
+      .key("chunk")
+      .value(config.chunk)
+      .key("device")
+      .value(config.device.str())
+      .key("runs")
+      .value(config.timing_runs)
+      .key("threads")
+      .value(at::get_num_threads())
       .end_object();
   w.key("peak_bytes_plain").value(r.peak_bytes_plain);
   w.key("peak_bytes_chunked").value(r.peak_bytes_chunked);
@@ -57,8 +69,8 @@ int bench_chunked_loss(int argc, char** argv) {
   w.key("loss_chunked").value(r.loss_chunked);
   w.end_object();
   std::fprintf(stderr, "peak: plain %s, chunked %s (memory_ratio %.3f); time_ratio %.3f; max_rel_grad_diff %.2e\n",
-               io::human_bytes(r.peak_bytes_plain).c_str(), io::human_bytes(r.peak_bytes_chunked).c_str(), memory_ratio,
-               time_ratio, r.max_rel_grad_diff);
+               io::human_bytes(r.peak_bytes_plain).c_str(), io::human_bytes(r.peak_bytes_chunked).c_str(), memory_ratio, time_ratio,
+               r.max_rel_grad_diff);
   write_output(json_out, json.str());
   return 0;
 }

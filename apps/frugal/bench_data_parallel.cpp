@@ -64,7 +64,8 @@ int bench_data_parallel(int argc, char** argv) {
     throw UsageError(e.what());
   }
   if (recipe.batch_size % nproc != 0) {
-    throw UsageError("train.batch_size " + std::to_string(recipe.batch_size) + " does not split evenly over " + std::to_string(nproc) + " ranks");
+    throw UsageError("train.batch_size " + std::to_string(recipe.batch_size) + " does not split evenly over " + std::to_string(nproc) +
+                     " ranks");
   }
   check_recipe_inputs(recipe, /*data=*/true);
   warn_if_slow_blas();
@@ -81,11 +82,10 @@ int bench_data_parallel(int argc, char** argv) {
   auto run = [&](int64_t ranks, int64_t run_steps, const std::string& name) {
     std::vector<std::string> cmd = {exe, "train", recipe_path};
     cmd.insert(cmd.end(), overrides.begin(), overrides.end());
-    for (const std::string& o : {"train.steps=" + std::to_string(run_steps), std::string("schedule.warmup_steps=1"),
-                                 std::string("train.checkpoint_interval=0"), std::string("train.eval_interval=0"),
-                                 std::string("train.sample_tokens=0"), std::string("train.log_interval=1000000"),
-                                 "data.tokenizer=" + recipe.tokenizer, "data.tokens=" + recipe.tokens,
-                                 "train.out_dir=" + dir + "/" + name}) {
+    for (const std::string& o :
+         {"train.steps=" + std::to_string(run_steps), std::string("schedule.warmup_steps=1"), std::string("train.checkpoint_interval=0"),
+          std::string("train.eval_interval=0"), std::string("train.sample_tokens=0"), std::string("train.log_interval=1000000"),
+          "data.tokenizer=" + recipe.tokenizer, "data.tokens=" + recipe.tokens, "train.out_dir=" + dir + "/" + name}) {
       cmd.push_back(o);
     }
     cmd.insert(cmd.end(), {"--progress", "lines", "--json-out", dir + "/" + name + ".json"});
@@ -95,8 +95,9 @@ int bench_data_parallel(int argc, char** argv) {
     o.log_dir = dir + "/" + name + "-logs";
     o.threads_per_rank = std::max<int64_t>(1, cores / ranks);
     o.rank0_to_log = true;
-    std::cerr << "frugal bench data-parallel: " << recipe.name << ", " << run_steps << " steps on " << ranks << (ranks == 1 ? " rank" : " ranks")
-              << " of " << o.threads_per_rank << (o.threads_per_rank == 1 ? " thread" : " threads") << "\n";
+    std::cerr << "frugal bench data-parallel: " << recipe.name << ", " << run_steps << " steps on " << ranks
+              << (ranks == 1 ? " rank" : " ranks") << " of " << o.threads_per_rank << (o.threads_per_rank == 1 ? " thread" : " threads")
+              << "\n";
     const int64_t before = loopback_bytes();
     const dist::LaunchResult r = dist::launch_local(o, [](const std::string&) {});
     Run out;
@@ -115,7 +116,8 @@ int bench_data_parallel(int argc, char** argv) {
   auto tokens_per_s = [&](const Run& r) { return static_cast<double>(tokens_per_step) / r.json.at("step_time_s").as_double(); };
   const int64_t param_bytes = one.json.at("by_category").at("parameter").as_int();
   // Per rank and step: the wire bytes of the extra `steps` steps, shared by the ranks.
-  const double wire = static_cast<double>(ranks.wire_bytes - short_run.wire_bytes) / static_cast<double>(steps) / static_cast<double>(nproc);
+  const double wire =
+      static_cast<double>(ranks.wire_bytes - short_run.wire_bytes) / static_cast<double>(steps) / static_cast<double>(nproc);
   // Sharded data parallelism needs at least a reduce-scatter of the gradients and an all-gather of
   // the parameters: each rank sends (N-1)/N of each (gradients as large as the parameters).
   const double minimum = 2.0 * static_cast<double>(nproc - 1) / static_cast<double>(nproc) * static_cast<double>(param_bytes);
@@ -127,7 +129,10 @@ int bench_data_parallel(int argc, char** argv) {
   w.key("cores").value(cores).key("threads_per_rank").value(std::max<int64_t>(1, cores / nproc)).key("steps").value(2 * steps);
   w.key("tokens_per_step").value(tokens_per_step);
   w.key("tokens_per_s_1rank").value(t1).key("tokens_per_s_nranks").value(tn).key("speedup").value(tn / t1);
-  w.key("step_time_s_1rank").value(one.json.at("step_time_s").as_double()).key("step_time_s_nranks").value(ranks.json.at("step_time_s").as_double());
+  w.key("step_time_s_1rank")
+      .value(one.json.at("step_time_s").as_double())
+      .key("step_time_s_nranks")
+      .value(ranks.json.at("step_time_s").as_double());
   w.key("parameter_bytes").value(param_bytes);
   w.key("wire_bytes_per_step_per_rank").value(wire).key("minimum_bytes_per_step_per_rank").value(minimum);
   w.key("wire_over_minimum").value(wire / minimum);
@@ -136,7 +141,8 @@ int bench_data_parallel(int argc, char** argv) {
   for (const char* k : {"reduce", "broadcast", "allreduce"}) w.key(k).value(payload.at(k).as_int());
   w.end_object();
   w.key("by_category_1rank").begin_object();
-  for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(one.json.at("by_category").at(memory::category_name(c)).as_int());
+  for (memory::Category c : memory::kAllCategories)
+    w.key(memory::category_name(c)).value(one.json.at("by_category").at(memory::category_name(c)).as_int());
   w.end_object().key("peak_bytes_1rank").value(one.json.at("peak_bytes").as_int());
   w.key("by_category_by_rank").begin_array();
   const auto& by_rank = ranks.json.at("by_category_by_rank").items();
@@ -149,9 +155,11 @@ int bench_data_parallel(int argc, char** argv) {
   for (const auto& b : ranks.json.at("peak_bytes_by_rank").items()) w.value(b.as_int());
   const int64_t state1 = one.json.at("by_category").at("optimizer_state").as_int();
   w.end_array().key("optimizer_state_by_rank_over_1rank").begin_array();
-  for (const auto& r : by_rank) w.value(static_cast<double>(r.at("optimizer_state").as_int()) / static_cast<double>(std::max<int64_t>(1, state1)));
+  for (const auto& r : by_rank)
+    w.value(static_cast<double>(r.at("optimizer_state").as_int()) / static_cast<double>(std::max<int64_t>(1, state1)));
   w.end_array().end_object();
-  std::fprintf(stderr, "tokens/s %.0f on 1 rank, %.0f on %lld ranks (%.2fx); wire %s per rank and step against a minimum of %s (%.2fx); "
+  std::fprintf(stderr,
+               "tokens/s %.0f on 1 rank, %.0f on %lld ranks (%.2fx); wire %s per rank and step against a minimum of %s (%.2fx); "
                "optimizer state per rank %s of 1 rank's %s\n",
                t1, tn, static_cast<long long>(nproc), tn / t1, io::human_bytes(static_cast<int64_t>(wire)).c_str(),
                io::human_bytes(static_cast<int64_t>(minimum)).c_str(), wire / minimum,

@@ -42,11 +42,28 @@ int bench_optim_in_backward(int argc, char** argv) {
   std::ostringstream json;
   io::JsonWriter w(json);
   w.begin_object().key("benchmark").value("optim-in-backward");
-  w.key("config").begin_object()
-      .key("layers").value(c.layers).key("width").value(c.width).key("heads").value(c.heads)
-      .key("batch").value(c.batch).key("seq").value(c.seq).key("policy").value(c.policy)
-      .key("optimizer").value("adamw").key("device").value(c.device.str())
-      .key("runs").value(c.timing_runs).key("threads").value(at::get_num_threads())
+  w.key("config")
+      .begin_object()
+      .key("layers")
+      .value(c.layers)
+      .key("width")
+      .value(c.width)
+      .key("heads")
+      .value(c.heads)
+      .key("batch")
+      .value(c.batch)
+      .key("seq")
+      .value(c.seq)
+      .key("policy")
+      .value(c.policy)
+      .key("optimizer")
+      .value("adamw")
+      .key("device")
+      .value(c.device.str())
+      .key("runs")
+      .value(c.timing_runs)
+      .key("threads")
+      .value(at::get_num_threads())
       .end_object();
   w.key("param_bytes").value(r.param_bytes);
   w.key("adamw_state_bytes").value(r.state_bytes);
@@ -70,8 +87,7 @@ int bench_optim_in_backward(int argc, char** argv) {
                "time_ratio %.3f; max_param_diff %.2e\n",
                io::human_bytes(r.peak_bytes_standard).c_str(), io::human_bytes(r.peak_bytes_in_backward).c_str(),
                io::human_bytes(r.bound_bytes()).c_str(), io::human_bytes(r.max_live_grad_bytes_in_backward).c_str(),
-               io::human_bytes(r.largest_grad_bytes).c_str(), io::human_bytes(r.grad_bytes).c_str(), time_ratio,
-               r.max_param_diff);
+               io::human_bytes(r.largest_grad_bytes).c_str(), io::human_bytes(r.grad_bytes).c_str(), time_ratio, r.max_param_diff);
   write_output(json_out, json.str());
   return 0;
 }

@@ -63,8 +63,7 @@ int bench_optim_state(int argc, char** argv) {
         data_files[1] = "data.tokens=" + base.tokens;
       }
       return train::load_recipe(recipe_path, {"train.steps=" + std::to_string(steps), data_files[0], data_files[1],
-                                              "train.out_dir=" + out_dir,
-                                              "train.checkpoint_interval=0", "train.eval_interval=0",
+                                              "train.out_dir=" + out_dir, "train.checkpoint_interval=0", "train.eval_interval=0",
                                               std::string("optimizer.state_precision=") + optim::precision_name(p)});
     } catch (const train::RecipeError& e) {
       throw UsageError(e.what());
@@ -95,12 +94,13 @@ int bench_optim_state(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     copy_gbs = 2.0 * static_cast<double>(copy_bytes) / times[times.size() / 2] / 1e9;
   }
-  std::fprintf(stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); quantized kernel %s; dense kernel %s%s\n",
-               copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(),
-               optim::quant_kernel_name(optim::quant_kernel_chosen()), optim::dense_cpu_kernel(),
-               !optim::adam_takes_dense_kernel()        ? " (not for Adam(W) here: LibTorch's multiply-adds are not fused, so it keeps ATen's operations)"
-               : optim::adam_kernel_gives_aten_bits() ? " (Adam(W): torch::optim's bits)"
-                                                      : " (Adam(W): within an ulp a step of torch::optim, whose sqrt here is MKL's)");
+  std::fprintf(
+      stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); quantized kernel %s; dense kernel %s%s\n",
+      copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(), optim::quant_kernel_name(optim::quant_kernel_chosen()),
+      optim::dense_cpu_kernel(),
+      !optim::adam_takes_dense_kernel() ? " (not for Adam(W) here: LibTorch's multiply-adds are not fused, so it keeps ATen's operations)"
+      : optim::adam_kernel_gives_aten_bits() ? " (Adam(W): torch::optim's bits)"
+                                             : " (Adam(W): within an ulp a step of torch::optim, whose sqrt here is MKL's)");
   struct Row {
     double bytes_per_param = 0, step_s = 0, final_loss = 0;
     int64_t state_bytes = 0;
@@ -144,21 +144,21 @@ int bench_optim_state(int argc, char** argv) {
   std::vector<Row> rows_out(precisions.size());
   for (size_t i = 0; i < precisions.size(); ++i) {
     Row& row = rows_out[i];
-    const int64_t n = time_step(optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(
-                                    optim::StateOptions().precision(precisions[i])),
-                                row);
-    std::fprintf(stderr, "%-5s %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32's step time\n"
+    const int64_t n =
+        time_step(optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(optim::StateOptions().precision(precisions[i])), row);
+    std::fprintf(stderr,
+                 "%-5s %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32's step time\n"
                  "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
-                 optim::precision_name(precisions[i]), row.bytes_per_param, io::human_bytes(row.state_bytes).c_str(),
-                 row.step_s * 1e3, static_cast<long long>(n), row.step_s / rows_out[0].step_s, row.ns_per_param,
-                 row.moved_per_param, row.achieved_gbs, 100 * row.achieved_gbs / copy_gbs);
+                 optim::precision_name(precisions[i]), row.bytes_per_param, io::human_bytes(row.state_bytes).c_str(), row.step_s * 1e3,
+                 static_cast<long long>(n), row.step_s / rows_out[0].step_s, row.ns_per_param, row.moved_per_param, row.achieved_gbs,
+                 100 * row.achieved_gbs / copy_gbs);
   }
   // SGD with momentum (PyTorch's SGD(momentum=0.9, weight_decay=0.01)): one fp32 momentum buffer.
   Row sgd;
   {
-    const int64_t n = time_step(
-        optim::OptimizerOptions().algorithm(optim::Algorithm::sgd).lr(1e-3).momentum(0.9).weight_decay(0.01), sgd);
-    std::fprintf(stderr, "sgd   momentum, %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32 AdamW's step time\n"
+    const int64_t n = time_step(optim::OptimizerOptions().algorithm(optim::Algorithm::sgd).lr(1e-3).momentum(0.9).weight_decay(0.01), sgd);
+    std::fprintf(stderr,
+                 "sgd   momentum, %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32 AdamW's step time\n"
                  "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
                  sgd.bytes_per_param, io::human_bytes(sgd.state_bytes).c_str(), sgd.step_s * 1e3, static_cast<long long>(n),
                  sgd.step_s / rows_out[0].step_s, sgd.ns_per_param, sgd.moved_per_param, sgd.achieved_gbs,

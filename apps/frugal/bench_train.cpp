@@ -91,10 +91,10 @@ int bench_train(int argc, char** argv) {
   auto train_run = [&](const train::Recipe& r) {
     return train::run_training(r, train::TrainOptions().sample(false).on_progress(shown.on_progress()), log);
   };
-  const std::string techniques = std::string("checkpointing ") +
-                                 (on.activation_budget > 0 ? "planned for " + io::human_bytes(on.activation_budget) : on.checkpointing.name()) +
-                                 ", chunked loss " + (on.loss.chunked() ? "on" : "off") + ", optimizer " +
-                                 (on.in_backward() ? "inside backward" : "after backward");
+  const std::string techniques =
+      std::string("checkpointing ") +
+      (on.activation_budget > 0 ? "planned for " + io::human_bytes(on.activation_budget) : on.checkpointing.name()) + ", chunked loss " +
+      (on.loss.chunked() ? "on" : "off") + ", optimizer " + (on.in_backward() ? "inside backward" : "after backward");
   // Off before on, fp32 before bf16, alternating, so a slow spell of a shared machine falls on
   // both sides of a ratio rather than on one.
   // Each corner reports its fastest run of `rounds` (by the median step after the first, which
@@ -190,17 +190,44 @@ int bench_train(int argc, char** argv) {
     w.key("tokens_per_s_all_on_bf16").value(tps(r_on16)).key("tokens_per_s_all_off_bf16").value(tps(r_off16));
     w.key("peak_bytes_all_on_bf16").value(r_on16.peak.peak_bytes).key("peak_bytes_all_off_bf16").value(r_off16.peak.peak_bytes);
     w.key("matmul_gflops_bf16").value(matmul_bf16);
-    w.key("achieved_gflops_bf16").value(achieved(on16, r_on16)).key("achieved_over_matmul_bf16").value(achieved(on16, r_on16) / matmul_bf16);
+    w.key("achieved_gflops_bf16")
+        .value(achieved(on16, r_on16))
+        .key("achieved_over_matmul_bf16")
+        .value(achieved(on16, r_on16) / matmul_bf16);
     w.key("achieved_gflops_all_off_bf16").value(achieved(off16, r_off16)).key("model_gflops_bf16").value(model_gflops(on16, r_on16));
     w.key("estimated_peak_all_on_bf16").value(r_on16.estimate.peak_bytes);
   }
   // The targets, each against all off in fp32 measured in this run.
   w.key("targets").begin_object();
   if (with_bf16) {
-    w.key("bf16_all_on_speed").begin_object().key("value").value(bf16_speed).key("at_least").value(1.0).key("met").value(bf16_speed >= 1.0).end_object();
-    w.key("bf16_all_on_peak").begin_object().key("value").value(bf16_peak).key("at_most").value(0.35).key("met").value(bf16_peak <= 0.35).end_object();
+    w.key("bf16_all_on_speed")
+        .begin_object()
+        .key("value")
+        .value(bf16_speed)
+        .key("at_least")
+        .value(1.0)
+        .key("met")
+        .value(bf16_speed >= 1.0)
+        .end_object();
+    w.key("bf16_all_on_peak")
+        .begin_object()
+        .key("value")
+        .value(bf16_peak)
+        .key("at_most")
+        .value(0.35)
+        .key("met")
+        .value(bf16_peak <= 0.35)
+        .end_object();
   }
-  w.key("fp32_all_on_speed").begin_object().key("value").value(fp32_speed).key("at_least").value(0.85).key("met").value(fp32_speed >= 0.85).end_object();
+  w.key("fp32_all_on_speed")
+      .begin_object()
+      .key("value")
+      .value(fp32_speed)
+      .key("at_least")
+      .value(0.85)
+      .key("met")
+      .value(fp32_speed >= 0.85)
+      .end_object();
   w.end_object();
   // One technique off at a time: its tokens/s and peak, and what turning it on costs in speed.
   w.key("without").begin_object();
@@ -216,8 +243,7 @@ int bench_train(int argc, char** argv) {
                  static_cast<double>(r.peak.peak_bytes) / off_peak, achieved(recipe, r), 100 * achieved(recipe, r) / mm,
                  static_cast<long long>(r.recomputed_blocks));
   };
-  std::fprintf(stderr, "against all off in fp32 (speed, peak; each corner its fastest of %lld runs):\n",
-               static_cast<long long>(rounds));
+  std::fprintf(stderr, "against all off in fp32 (speed, peak; each corner its fastest of %lld runs):\n", static_cast<long long>(rounds));
   row("all off, fp32", off32, r_off, matmul);
   row("all on, fp32", on32, r_on, matmul);
   if (with_bf16) {
@@ -229,7 +255,8 @@ int bench_train(int argc, char** argv) {
                  tps(r_on) / tps(x.result), io::human_bytes(x.result.peak.peak_bytes).c_str());
   }
   if (with_bf16) {
-    std::fprintf(stderr, "matmul %.1f GFLOP/s fp32, %.1f bf16 (%s); targets: bf16 all on %.2fx of all off (>= 1: %s), peak %.3f (<= 0.35: %s); ",
+    std::fprintf(stderr,
+                 "matmul %.1f GFLOP/s fp32, %.1f bf16 (%s); targets: bf16 all on %.2fx of all off (>= 1: %s), peak %.3f (<= 0.35: %s); ",
                  matmul, matmul_bf16, bf16_why.c_str(), bf16_speed, bf16_speed >= 1.0 ? "met" : "not met", bf16_peak,
                  bf16_peak <= 0.35 ? "met" : "not met");
   } else {

@@ -5,13 +5,12 @@
 //   frugal eval --checkpoint out/alpaca-tiny --examples recipes/data/alpaca-tiny.val.jsonl --format alpaca
 // Inputs: --text FILE (the whole file one document), --jsonl FILE (one {"text": ...} object per line,
 // each line its own document), both encoded with the checkpoint's tokenizer as transformers' tokenizer(text)
-// encodes them (BOS first when the tokenizer adds one); or --tokens FILE: a frugal token file ("FRUGALTK" header, data/corpus.h) or a text file
-// of ids ("1 2 3", "1,2,3" or a JSON list), taken as one document as it is (no BOS added).
-// Each document is cut into non-overlapping --seq-len windows and scored as models/evaluate.h says:
-// the mean loss is over every predicted token (id t+1 from ids 0..t of its window), as transformers
-// computes it with labels = input_ids. --examples FILE scores instruction or chat examples as training
-// does (data/examples.h): each example one row, the loss on its answer tokens only (prompts masked,
-// as labels of -100), the mean over every answer token.
+// encodes them (BOS first when the tokenizer adds one); or --tokens FILE: a frugal token file ("FRUGALTK" header, data/corpus.h) or a text
+// file of ids ("1 2 3", "1,2,3" or a JSON list), taken as one document as it is (no BOS added). Each document is cut into non-overlapping
+// --seq-len windows and scored as models/evaluate.h says: the mean loss is over every predicted token (id t+1 from ids 0..t of its window),
+// as transformers computes it with labels = input_ids. --examples FILE scores instruction or chat examples as training does
+// (data/examples.h): each example one row, the loss on its answer tokens only (prompts masked, as labels of -100), the mean over every
+// answer token.
 #include <unistd.h>
 
 #include <cmath>
@@ -81,8 +80,8 @@ std::vector<int32_t> read_token_ids(const std::string& path) {
 // the longest of its batch), its prompt tokens masked, as training computes it; the mean is over
 // every answer token of every example.
 models::EvalTotals score_examples(models::DecoderImpl& model, const data::Tokenizer& tok, const std::string& path,
-                                  data::ExampleOptions options, int64_t seq_len, int64_t batch_size,
-                                  int64_t* examples, int64_t* truncated) {
+                                  data::ExampleOptions options, int64_t seq_len, int64_t batch_size, int64_t* examples,
+                                  int64_t* truncated) {
   try {
     options.chat_template = data::resolve_chat_template(tok, options);  // auto: the checkpoint's own, for messages
   } catch (const std::invalid_argument& e) {
@@ -132,9 +131,10 @@ int run_eval(int argc, char** argv) {
   args.add_string("examples", &examples_path,
                   "instruction or chat examples, one JSON object a line (as data.format takes them): the loss on the answers", "FILE");
   args.add_string("format", &format, "with --examples: alpaca, prompt_completion or messages", "FORMAT");
-  args.add_string("template", &chat_template,
-                  "with --examples: alpaca, plain, llama2, llama3, chatml, or auto (the format's own; for messages the checkpoint's chat_template)",
-                  "NAME");
+  args.add_string(
+      "template", &chat_template,
+      "with --examples: alpaca, plain, llama2, llama3, chatml, or auto (the format's own; for messages the checkpoint's chat_template)",
+      "NAME");
   args.add_flag("train-on-prompt", &train_on_prompt, "with --examples: score the prompts' tokens too");
   args.add_int("seq-len", &seq_len, "window length in tokens (0: the model's max_seq_len, at most 2048)", 0, int64_t{1} << 24);
   args.add_int("batch-size", &batch_size, "windows per forward pass", 1, int64_t{1} << 24);
@@ -161,8 +161,10 @@ int run_eval(int argc, char** argv) {
     throw UsageError("--format, --template and --train-on-prompt go with --examples");
   }
   const at::TensorOptions weights = weights_dtype_option(dtype, /*allow_auto=*/false);
-  for (const auto& [flag, p] : {std::pair<const char*, const std::string*>{"--text", &text_path}, {"--tokens", &tokens_path},
-                                 {"--jsonl", &jsonl_path}, {"--examples", &examples_path}}) {
+  for (const auto& [flag, p] : {std::pair<const char*, const std::string*>{"--text", &text_path},
+                                {"--tokens", &tokens_path},
+                                {"--jsonl", &jsonl_path},
+                                {"--examples", &examples_path}}) {
     if (p->empty()) continue;
     try {
       io::open_regular_file(*p, flag);  // before the checkpoint loads: a FIFO, a device or a folder named as such
@@ -182,12 +184,12 @@ int run_eval(int argc, char** argv) {
   if (tokens_path.empty() && !tok) throw UsageError("--checkpoint " + step_dir + " has no tokenizer.model: give --tokens instead");
   const int64_t window = seq_len > 0 ? seq_len : std::min<int64_t>(model->config().max_seq_len, 2048);
   if (window > model->config().max_seq_len) {
-    throw UsageError("--seq-len " + std::to_string(window) + " exceeds the model's max_seq_len " + std::to_string(model->config().max_seq_len));
+    throw UsageError("--seq-len " + std::to_string(window) + " exceeds the model's max_seq_len " +
+                     std::to_string(model->config().max_seq_len));
   }
   if (!examples_path.empty()) {
     int64_t examples = 0, truncated = 0;
-    const models::EvalTotals t =
-        score_examples(*model, *tok, examples_path, example_options, window, batch_size, &examples, &truncated);
+    const models::EvalTotals t = score_examples(*model, *tok, examples_path, example_options, window, batch_size, &examples, &truncated);
     if (t.tokens == 0) throw UsageError("--examples " + examples_path + ": no answer token to score");
     std::printf("loss %.6f  perplexity %.4f  answer tokens %lld  examples %lld  truncated %lld  seq_len %lld\n", t.mean_loss(),
                 t.perplexity(), static_cast<long long>(t.tokens), static_cast<long long>(examples), static_cast<long long>(truncated),

@@ -27,7 +27,8 @@ int run_generate(int argc, char** argv) {
   args.add_int("tokens", &tokens, "the same as --max-new-tokens", 0, int64_t{1} << 24);
   args.add_double("temperature", &temperature, "sampling temperature (0: greedy)", 0.0, 100.0);
   args.add_int("top-k", &top_k, "sample among the k likeliest tokens (0: all)", 0, (int64_t{1} << 31) - 1);
-  args.add_double("top-p", &top_p, "sample among the likeliest tokens whose probability adds up to P (below 1e-6 all but the likeliest are dropped anyway)",
+  args.add_double("top-p", &top_p,
+                  "sample among the likeliest tokens whose probability adds up to P (below 1e-6 all but the likeliest are dropped anyway)",
                   1e-6, 1.0, "P");
   args.add_int("seed", &seed, "random seed (the same seed, the same tokens)", 0, kMaxSeed);
   args.add_string("dtype", &dtype, "auto (the checkpoint's own, as transformers loads it), fp32 or bf16", "DTYPE");
@@ -35,8 +36,12 @@ int run_generate(int argc, char** argv) {
   if (!args.parse(argc, argv, 2)) return 0;
   if (!json_out.empty()) check_output_path("json-out", json_out);
   if (!prompt_ids_text.empty() && !prompt.empty()) throw UsageError("--prompt and --prompt-ids exclude each other: give one");
-  const auto options = models::GenerationOptions().max_new_tokens(tokens).temperature(temperature).top_k(top_k).top_p(top_p).seed(
-      static_cast<uint64_t>(seed));
+  const auto options = models::GenerationOptions()
+                           .max_new_tokens(tokens)
+                           .temperature(temperature)
+                           .top_k(top_k)
+                           .top_p(top_p)
+                           .seed(static_cast<uint64_t>(seed));
   try {
     options.validate();
   } catch (const std::invalid_argument& e) {
@@ -88,7 +93,10 @@ int run_generate(int argc, char** argv) {
     w.end_array().key("tokens").begin_array();
     for (int32_t id : g.tokens) w.value(static_cast<int64_t>(id));
     w.end_array().key("text");
-    if (tok) w.value(g.text); else w.null();
+    if (tok)
+      w.value(g.text);
+    else
+      w.null();
     w.key("stop").value(models::generation_stop_key(g.stop)).end_object();
     s << "\n";
     write_output(json_out, s.str());

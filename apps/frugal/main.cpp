@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!std::strcmp(argv[1], "--version")) {
-    std::cout << "frugal " << FRUGAL_VERSION << " (" << (*FRUGAL_BUILD_TYPE ? FRUGAL_BUILD_TYPE : "no build type")
-              << " build), LibTorch " << TORCH_VERSION << "\n";
+    std::cout << "frugal " << FRUGAL_VERSION << " (" << (*FRUGAL_BUILD_TYPE ? FRUGAL_BUILD_TYPE : "no build type") << " build), LibTorch "
+              << TORCH_VERSION << "\n";
     return 0;
   }
   const std::string command = argv[1];

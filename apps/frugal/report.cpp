@@ -64,8 +64,7 @@ int run_report(int argc, char** argv) {
   }
   if (!html_out.empty()) {
     write_output(html_out, memory::html_report(traces));
-    log << "wrote " << html_out << " (" << traces.size() << (traces.size() == 1 ? " trace, " : " traces, ")
-        << n_events << " events)\n";
+    log << "wrote " << html_out << " (" << traces.size() << (traces.size() == 1 ? " trace, " : " traces, ") << n_events << " events)\n";
   }
   return 0;
 }

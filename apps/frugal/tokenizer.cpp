@@ -72,7 +72,8 @@ int run_tokenizer(int argc, char** argv) {
     args.add_flag("add-special-tokens", &add_special, "add BOS (and EOS) as the model's tokenizer does");
     args.add_rest(&rest, "TEXT");
     if (!args.parse(argc, argv, 3)) return 0;
-    if (rest.size() + (text_file.empty() ? 0 : 1) != 1) throw UsageError("tokenizer encode needs the text: one TEXT argument or --text-file");
+    if (rest.size() + (text_file.empty() ? 0 : 1) != 1)
+      throw UsageError("tokenizer encode needs the text: one TEXT argument or --text-file");
     data::Tokenizer tok;
     std::string text;
     std::vector<int32_t> ids;
@@ -102,8 +103,10 @@ int run_tokenizer(int argc, char** argv) {
     Args args("tokenizer examples", "Show the tokens and loss flags of instruction or chat examples.");
     args.add_positional("TOKENIZER", &model, "a .model file, a tokenizer.json or a model folder");
     args.add_string("format", &format, "alpaca, prompt_completion or messages (default messages)", "FORMAT");
-    args.add_string("template", &templ, "plain, alpaca, llama2, llama3 or chatml (default: the format's; for messages, "
-                    "the tokenizer folder's chat_template)", "NAME");
+    args.add_string("template", &templ,
+                    "plain, alpaca, llama2, llama3 or chatml (default: the format's; for messages, "
+                    "the tokenizer folder's chat_template)",
+                    "NAME");
     args.add_flag("train-on-prompt", &train_on_prompt, "every token has loss, not only the answers");
     args.add_flag("skip-bad", &skip_bad, "skip bad examples (counted) instead of stopping at the first");
     args.add_rest(&files, "FILE");
@@ -135,8 +138,8 @@ int run_tokenizer(int argc, char** argv) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    std::cerr << stats.examples << " examples, " << stats.tokens << " tokens (" << stats.label_tokens << " with loss), "
-              << stats.skipped << " skipped\n";
+    std::cerr << stats.examples << " examples, " << stats.tokens << " tokens (" << stats.label_tokens << " with loss), " << stats.skipped
+              << " skipped\n";
     for (const auto& why : stats.skipped_reasons) std::cerr << "  skipped: " << why << "\n";
     return 0;
   }

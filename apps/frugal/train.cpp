@@ -67,14 +67,12 @@ void print_state_placement(std::ostream& out, const train::Recipe& r, const trai
   }
   if (e.state_fp32_fallback_tensors > 0) {
     out << "optimizer state: " << e.state_fp32_fallback_tensors << " tensors (" << e.state_fp32_fallback_params
-        << " parameters) keep fp32 state instead of " << optim::precision_name(r.optimizer.state().precision())
-        << ": under " << r.optimizer.state().min_quantized_numel()
-        << " elements each, their block scales would cost more than the codes save\n";
+        << " parameters) keep fp32 state instead of " << optim::precision_name(r.optimizer.state().precision()) << ": under "
+        << r.optimizer.state().min_quantized_numel() << " elements each, their block scales would cost more than the codes save\n";
   }
 }
 
-void print_estimate_table(std::ostream& out, const char* title, const train::MemoryEstimate& e,
-                          const memory::PeakReport* measured) {
+void print_estimate_table(std::ostream& out, const char* title, const train::MemoryEstimate& e, const memory::PeakReport* measured) {
   out << title << "\n";
   auto row = [&](const char* name, int64_t estimated, int64_t real) {
     char line[160];
@@ -258,9 +256,8 @@ int run_train(int argc, char** argv) {
   std::string trace_out, trace_steps;
   int64_t nproc = 1;
   double dist_timeout = 300;
-  Args args("train",
-            std::string("Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe:\n") + kShippedRecipes +
-                "). Any recipe key can be overridden as section.key=value.");
+  Args args("train", std::string("Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe:\n") +
+                         kShippedRecipes + "). Any recipe key can be overridden as section.key=value.");
   args.add_positional("RECIPE", &recipe_arg, "recipe file or shipped recipe name");
   args.add_rest(&overrides, "section.key=value");
   args.add_flag("resume", &resume, "continue from the last checkpoint in train.out_dir (exactly as if never stopped)");
@@ -269,8 +266,7 @@ int run_train(int argc, char** argv) {
   args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
   args.add_flag("list-keys", &list_keys, "print every recipe key with its type, default and meaning, and stop");
   args.add_output("trace-out", &trace_out,
-                  "write the allocation timeline (JSON, for frugal report); bound it on long runs with --trace-steps",
-                  "FILE");
+                  "write the allocation timeline (JSON, for frugal report); bound it on long runs with --trace-steps", "FILE");
   args.add_bytes("memory-limit", &memory_limit,
                  "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit", 1);
   args.add_int("stop-after", &stop_after,
@@ -278,8 +274,7 @@ int run_train(int argc, char** argv) {
                "(the schedule stays train.steps long); --resume continues",
                1, kMaxSteps);
   args.add_string("trace-steps", &trace_steps,
-                  "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary",
-                  "LIST");
+                  "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary", "LIST");
   args.add_int("nproc", &nproc,
                "data parallel: start this many local ranks (processes), each training on train.batch_size / N rows of every "
                "batch with 1/N of the optimizer state; under torchrun (WORLD_SIZE set) leave it out",
@@ -291,8 +286,8 @@ int run_train(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--list-keys") {
       for (const auto& k : train::recipe_key_docs()) {
-        std::cout << k.key << "  (" << k.type << "; default " << (k.default_value.empty() ? "\"\"" : k.default_value)
-                  << ")\n    " << k.meaning << "\n";
+        std::cout << k.key << "  (" << k.type << "; default " << (k.default_value.empty() ? "\"\"" : k.default_value) << ")\n    "
+                  << k.meaning << "\n";
       }
       return 0;
     }
@@ -311,7 +306,8 @@ int run_train(int argc, char** argv) {
       capture.push_back(*step);
     }
   }
-  if (progress != "auto" && progress != "bar" && progress != "lines") throw UsageError("--progress must be auto, bar or lines, got '" + progress + "'");
+  if (progress != "auto" && progress != "bar" && progress != "lines")
+    throw UsageError("--progress must be auto, bar or lines, got '" + progress + "'");
   train::Recipe recipe;
   try {
     recipe = train::load_recipe(resolve_recipe(recipe_arg), overrides);
@@ -350,9 +346,9 @@ int run_train(int argc, char** argv) {
       throw UsageError(e.what());
     }
     const at::ScalarType compute = train::resolve_compute_dtype(recipe);
-    std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters ("
-              << train::dtype_name(recipe.dtype) << (compute != recipe.dtype ? std::string(", ") + train::dtype_name(compute) + " products" : "")
-              << "), batch " << recipe.batch_size << " x " << recipe.seq_len << " tokens";
+    std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters (" << train::dtype_name(recipe.dtype)
+              << (compute != recipe.dtype ? std::string(", ") + train::dtype_name(compute) + " products" : "") << "), batch "
+              << recipe.batch_size << " x " << recipe.seq_len << " tokens";
     if (world > 1) std::cout << " over " << world << " ranks (per rank: rank " << dp.rank << ", " << recipe.batch_size / world << " rows)";
     std::cout << "\n";
     // The architecture and where each value came from (init_from's config.json, the recipe, a default).
@@ -393,7 +389,8 @@ int run_train(int argc, char** argv) {
   std::shared_ptr<dist::Group> group;
   if (env && env->world_size > 1) {
     // On GPUs each rank takes the device of its local rank (cuda:LOCAL_RANK) unless the recipe names one.
-    if (recipe.device.is_cuda() && !recipe.device.has_index()) recipe.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
+    if (recipe.device.is_cuda() && !recipe.device.has_index())
+      recipe.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
     group = dist::Group::create(*env, std::chrono::milliseconds(static_cast<int64_t>(dist_timeout * 1000)), recipe.device);
   }
   const bool rank0 = !group || group->rank() == 0;
@@ -451,9 +448,9 @@ int run_train(int argc, char** argv) {
     std::snprintf(line, sizeof(line),
                   "examples: %lld training, %lld validation; %lld steps an epoch; %.1f%% of the rows' tokens padding (%s); "
                   "%lld of %lld tokens with loss\n",
-                  static_cast<long long>(e.train_examples), static_cast<long long>(e.val_examples), static_cast<long long>(e.steps_per_epoch),
-                  100 * e.padding_share, recipe.packing ? "packed" : "one example a row", static_cast<long long>(e.label_tokens),
-                  static_cast<long long>(e.real_tokens));
+                  static_cast<long long>(e.train_examples), static_cast<long long>(e.val_examples),
+                  static_cast<long long>(e.steps_per_epoch), 100 * e.padding_share, recipe.packing ? "packed" : "one example a row",
+                  static_cast<long long>(e.label_tokens), static_cast<long long>(e.real_tokens));
     summary << line;
     if (e.skipped + e.truncated + e.dropped > 0) {
       summary << "  " << e.skipped << " bad examples skipped, " << e.truncated << " truncated and " << e.dropped
@@ -477,8 +474,9 @@ int run_train(int argc, char** argv) {
           << " of mapped files (code, LibTorch's libraries, the token file, mapped optimizer state)\n";
   // On a GPU, the caching allocator's own peaks since the process started (model build and every
   // step): the figures torch.cuda.max_memory_allocated() / max_memory_reserved() give.
-  const memory::CudaMemoryStats gpu = recipe.device.is_cuda() ? memory::cuda_memory_stats(recipe.device.has_index() ? recipe.device.index() : 0)
-                                                              : memory::CudaMemoryStats{};
+  const memory::CudaMemoryStats gpu = recipe.device.is_cuda()
+                                          ? memory::cuda_memory_stats(recipe.device.has_index() ? recipe.device.index() : 0)
+                                          : memory::CudaMemoryStats{};
   if (gpu.available) {
     summary << "CUDA caching allocator: peak allocated " << io::human_bytes(gpu.peak_allocated_bytes) << ", peak reserved "
             << io::human_bytes(gpu.peak_reserved_bytes) << " (since the process started)\n";
@@ -490,15 +488,15 @@ int run_train(int argc, char** argv) {
   if (!result.timings.empty()) {
     step_gflops = train::step_matmul_flops(recipe, result) / std::max(step.total_s, 1e-9) / 1e9;
     summary << "step time (median of " << result.timings.size() << "): " << format_seconds(step.total_s) << " = forward "
-            << format_seconds(step.forward_s) << " + backward with recompute " << format_seconds(step.backward_s)
-            << " + optimizer " << format_seconds(step.optimizer_s) << " (of which moving state " << format_seconds(step.state_io_s)
-            << ") + the rest; " << faults << " pages read from disk in " << result.timings.size() << " steps";
+            << format_seconds(step.forward_s) << " + backward with recompute " << format_seconds(step.backward_s) << " + optimizer "
+            << format_seconds(step.optimizer_s) << " (of which moving state " << format_seconds(step.state_io_s) << ") + the rest; "
+            << faults << " pages read from disk in " << result.timings.size() << " steps";
     if (step.total_s >= 1.0 && recipe.device.is_cpu()) {  // worth half a second of measuring
       // Against the products' own precision (bf16 under autocast).
       matmul_gflops = bench::measure_compute_matmul_gflops(result.compute_dtype, 1024, 0.5);
       char line[160];
-      std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)",
-                    step_gflops, 100 * step_gflops / std::max(matmul_gflops, 1e-9), train::dtype_name(result.compute_dtype), matmul_gflops);
+      std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)", step_gflops,
+                    100 * step_gflops / std::max(matmul_gflops, 1e-9), train::dtype_name(result.compute_dtype), matmul_gflops);
       summary << line;
     }
     summary << "\n";

@@ -24,9 +24,9 @@ class TrainProgress {
   train::LogFn log();
   train::ProgressFn on_progress();
 
-  void message(const std::string& line);          // "<prefix><line>", on a line of its own
-  void step(const train::StepProgress& p);        // the bar, or a line at the log interval
-  void end_line();                                // ends a half-drawn bar line
+  void message(const std::string& line);    // "<prefix><line>", on a line of its own
+  void step(const train::StepProgress& p);  // the bar, or a line at the log interval
+  void end_line();                          // ends a half-drawn bar line
 
  private:
   std::string prefix_;

@@ -42,7 +42,6 @@ double measure_compute_matmul_gflops(at::ScalarType compute, int64_t n, double m
   return measure_bf16_matmul_gflops(n, min_seconds);
 }
 
-
 std::string loaded_blas_library() {
   // The Fortran BLAS symbols LibTorch calls come from libblas.so.3 (Debian's alternatives: the
   // reference library, or a link to OpenBLAS or BLIS); a reference copy mapped anywhere wins.
@@ -54,8 +53,8 @@ std::string loaded_blas_library() {
     const std::string path = line.substr(slash);
     const std::string name = path.substr(path.rfind('/') + 1);
     if (path.find("/blas/libblas.so") != std::string::npos) return path;
-    if (optimised.empty() && (name.rfind("libblas.so", 0) == 0 || name.rfind("libopenblas", 0) == 0 ||
-                              name.rfind("libblis", 0) == 0 || name.rfind("libmkl_rt", 0) == 0)) {
+    if (optimised.empty() && (name.rfind("libblas.so", 0) == 0 || name.rfind("libopenblas", 0) == 0 || name.rfind("libblis", 0) == 0 ||
+                              name.rfind("libmkl_rt", 0) == 0)) {
       optimised = path;
     }
   }

@@ -26,8 +26,8 @@ struct StepResult {
 ChunkedLossResult run_chunked_loss_benchmark(const ChunkedLossConfig& c) {
   torch::manual_seed(c.seed);
   const auto options = at::TensorOptions().device(c.device);
-  at::Tensor hidden = at::randn({c.tokens, c.hidden}, options).requires_grad_();           // (N, H)
-  at::Tensor weight = (at::randn({c.vocab, c.hidden}, options) * 0.02).requires_grad_();   // (V, H)
+  at::Tensor hidden = at::randn({c.tokens, c.hidden}, options).requires_grad_();             // (N, H)
+  at::Tensor weight = (at::randn({c.vocab, c.hidden}, options) * 0.02).requires_grad_();     // (V, H)
   const at::Tensor targets = at::randint(0, c.vocab, {c.tokens}, options.dtype(at::kLong));  // (N)
 
   using LossFn = std::function<at::Tensor()>;
@@ -38,8 +38,7 @@ ChunkedLossResult run_chunked_loss_benchmark(const ChunkedLossConfig& c) {
     return loss::linear_cross_entropy(hidden, weight, at::Tensor(), targets);
   };
   const LossFn chunked = [&] {
-    return loss::chunked_cross_entropy(hidden, weight, at::Tensor(), targets,
-                                       loss::ChunkedCrossEntropyOptions().chunk_size(c.chunk));
+    return loss::chunked_cross_entropy(hidden, weight, at::Tensor(), targets, loss::ChunkedCrossEntropyOptions().chunk_size(c.chunk));
   };
   auto clear = [&] {
     hidden.mutable_grad().reset();
@@ -89,9 +88,7 @@ ChunkedLossResult run_chunked_loss_benchmark(const ChunkedLossConfig& c) {
   result.peak_bytes_chunked = k.peak_above_start;
   result.loss_plain = p.loss;
   result.loss_chunked = k.loss;
-  auto rel = [](const at::Tensor& a, const at::Tensor& b) {
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
-  };
+  auto rel = [](const at::Tensor& a, const at::Tensor& b) { return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>(); };
   {
     const StepResult r = measure(reference);  // after the others: its gradients are not live while they run
     result.max_rel_grad_diff = std::max({rel(p.grad_hidden, r.grad_hidden), rel(p.grad_weight, r.grad_weight),

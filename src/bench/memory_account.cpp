@@ -20,13 +20,9 @@ namespace {
 using memory::Category;
 using memory::Phase;
 
-int64_t tensor_bytes(const at::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
+int64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
-int64_t category_bytes(const memory::Tracker& tracker, Category c) {
-  return tracker.live_by_category()[static_cast<int>(c)];
-}
+int64_t category_bytes(const memory::Tracker& tracker, Category c) { return tracker.live_by_category()[static_cast<int>(c)]; }
 
 // The measured model: `layers` pre-LN blocks as a chain.
 struct Stack {
@@ -50,8 +46,8 @@ void clear_grads(const std::vector<at::Tensor>& params) {
 }
 
 struct StepMeasure {
-  int64_t kept_bytes = 0;        // live between the end of forward and the start of backward
-  int64_t activation_peak = 0;   // highest live activation bytes over forward and backward
+  int64_t kept_bytes = 0;       // live between the end of forward and the start of backward
+  int64_t activation_peak = 0;  // highest live activation bytes over forward and backward
   std::vector<at::Tensor> grads;
 };
 
@@ -96,13 +92,12 @@ std::string validate(const AccountConfig& c) {
   auto positive = [](const char* name, int64_t v) -> std::string {
     return v >= 1 ? "" : std::string(name) + " must be a positive integer, got " + std::to_string(v);
   };
-  for (const auto& msg : {positive("layers", c.layers), positive("width", c.width), positive("heads", c.heads),
-                          positive("batch", c.batch), positive("seq", c.seq)}) {
+  for (const auto& msg : {positive("layers", c.layers), positive("width", c.width), positive("heads", c.heads), positive("batch", c.batch),
+                          positive("seq", c.seq)}) {
     if (!msg.empty()) return msg;
   }
   if (c.width % c.heads != 0) {
-    return "width must be divisible by heads, got width " + std::to_string(c.width) + " and heads " +
-           std::to_string(c.heads);
+    return "width must be divisible by heads, got width " + std::to_string(c.width) + " and heads " + std::to_string(c.heads);
   }
   if (std::find(c.variants.begin(), c.variants.end(), "none") == c.variants.end()) {
     return "the variants must include none (the reference run)";
@@ -151,8 +146,7 @@ double AccountResult::measured_over_predicted() const {
   return static_cast<double>(none->saved_bytes) / static_cast<double>(predicted_saved_bytes_none);
 }
 
-AccountResult run_memory_account(const AccountConfig& config,
-                                 const std::function<void(const std::string&)>& progress) {
+AccountResult run_memory_account(const AccountConfig& config, const std::function<void(const std::string&)>& progress) {
   const std::string invalid = validate(config);
   TORCH_CHECK(invalid.empty(), invalid);
   auto say = [&](const std::string& line) {
@@ -392,23 +386,30 @@ void write_account_json(const AccountResult& r, std::ostream& out) {
   const double none_bytes = none ? static_cast<double>(none->saved_bytes) : 0.0;
   io::JsonWriter w(out);
   w.begin_object();
-  w.key("config").begin_object()
-      .key("layers").value(r.config.layers)
-      .key("width").value(r.config.width)
-      .key("heads").value(r.config.heads)
-      .key("batch").value(r.config.batch)
-      .key("seq").value(r.config.seq)
-      .key("seed").value(static_cast<int64_t>(r.config.seed))
-      .key("device").value(r.config.device.str())
+  w.key("config")
+      .begin_object()
+      .key("layers")
+      .value(r.config.layers)
+      .key("width")
+      .value(r.config.width)
+      .key("heads")
+      .value(r.config.heads)
+      .key("batch")
+      .value(r.config.batch)
+      .key("seq")
+      .value(r.config.seq)
+      .key("seed")
+      .value(static_cast<int64_t>(r.config.seed))
+      .key("device")
+      .value(r.config.device.str())
       .end_object();
   w.key("n_params").value(r.n_params);
   w.key("param_bytes").value(r.param_bytes.tensors);
   w.key("grad_bytes").value(r.grad_bytes.tensors);
   w.key("adamw_state_bytes").value(r.adamw_state_bytes.tensors);
   write_by_variant(w, "saved_bytes", r, [&](const VariantResult& v) { w.value(v.saved_bytes); });
-  write_by_variant(w, "saved_ratio_vs_none", r, [&](const VariantResult& v) {
-    w.value(none_bytes > 0 ? static_cast<double>(v.saved_bytes) / none_bytes : 0.0);
-  });
+  write_by_variant(w, "saved_ratio_vs_none", r,
+                   [&](const VariantResult& v) { w.value(none_bytes > 0 ? static_cast<double>(v.saved_bytes) / none_bytes : 0.0); });
   write_by_variant(w, "time_s", r, [&](const VariantResult& v) {
     if (v.time_s) {
       w.value(*v.time_s);
@@ -420,10 +421,8 @@ void write_account_json(const AccountResult& r, std::ostream& out) {
   w.key("predicted_saved_bytes_none").value(r.predicted_saved_bytes_none);
   w.key("measured_over_predicted").value(r.measured_over_predicted());
   write_by_attention(w, "saved_bytes_by_attention", r, [&](const AttentionResult& a) { w.value(a.saved_bytes); });
-  write_by_attention(w, "predicted_saved_bytes_by_attention", r,
-                     [&](const AttentionResult& a) { w.value(a.predicted_saved_bytes); });
-  write_by_attention(w, "measured_over_predicted_by_attention", r,
-                     [&](const AttentionResult& a) { w.value(a.measured_over_predicted()); });
+  write_by_attention(w, "predicted_saved_bytes_by_attention", r, [&](const AttentionResult& a) { w.value(a.predicted_saved_bytes); });
+  write_by_attention(w, "measured_over_predicted_by_attention", r, [&](const AttentionResult& a) { w.value(a.measured_over_predicted()); });
   write_by_attention(w, "time_s_by_attention", r, [&](const AttentionResult& a) {
     if (a.time_s) {
       w.value(*a.time_s);
@@ -434,14 +433,22 @@ void write_account_json(const AccountResult& r, std::ostream& out) {
   write_by_attention(w, "max_grad_diff_by_attention", r, [&](const AttentionResult& a) { w.value(a.max_grad_diff); });
   if (r.optimizer_modes) {
     const auto& o = *r.optimizer_modes;
-    w.key("optimizer").begin_object()
-        .key("algorithm").value("adamw")
-        .key("state_bytes").value(o.state_bytes)
-        .key("peak_bytes_standard").value(o.peak_bytes_standard)
-        .key("peak_bytes_in_backward").value(o.peak_bytes_in_backward)
-        .key("max_live_grad_bytes_standard").value(o.max_live_grad_bytes_standard)
-        .key("max_live_grad_bytes_in_backward").value(o.max_live_grad_bytes_in_backward)
-        .key("largest_grad_bytes").value(o.largest_grad_bytes);
+    w.key("optimizer")
+        .begin_object()
+        .key("algorithm")
+        .value("adamw")
+        .key("state_bytes")
+        .value(o.state_bytes)
+        .key("peak_bytes_standard")
+        .value(o.peak_bytes_standard)
+        .key("peak_bytes_in_backward")
+        .value(o.peak_bytes_in_backward)
+        .key("max_live_grad_bytes_standard")
+        .value(o.max_live_grad_bytes_standard)
+        .key("max_live_grad_bytes_in_backward")
+        .value(o.max_live_grad_bytes_in_backward)
+        .key("largest_grad_bytes")
+        .value(o.largest_grad_bytes);
     if (o.time_s_standard > 0) {
       w.key("time_ratio").value(o.time_s_in_backward / o.time_s_standard);
     } else {
@@ -480,10 +487,14 @@ void write_budget_json(io::JsonWriter& w, const BudgetResult& b, const AccountRe
     w.key("max_grad_diff").value(b.max_grad_diff);
   }
   w.key("activation_peak_none").value(r.activation_peak_none);
-  w.key("sqrt_n").begin_object()
-      .key("plan").value(b.sqrt_n.describe())
-      .key("predicted_bytes").value(b.sqrt_n.predicted_bytes)
-      .key("recompute_s").value(b.sqrt_n.recompute_s)
+  w.key("sqrt_n")
+      .begin_object()
+      .key("plan")
+      .value(b.sqrt_n.describe())
+      .key("predicted_bytes")
+      .value(b.sqrt_n.predicted_bytes)
+      .key("recompute_s")
+      .value(b.sqrt_n.recompute_s)
       .end_object();
   w.end_object();
 }

@@ -81,8 +81,7 @@ AutocastState AutocastState::off() { return AutocastState(); }
 AutocastState AutocastState::compute(c10::DeviceType device, at::ScalarType dtype) {
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
               "autocast: the compute dtype must be fp32, bf16 or fp16, got ", dtype);
-  TORCH_CHECK(device == c10::DeviceType::CPU || device == c10::DeviceType::CUDA,
-              "autocast: only CPU and CUDA devices, got ", device);
+  TORCH_CHECK(device == c10::DeviceType::CPU || device == c10::DeviceType::CUDA, "autocast: only CPU and CUDA devices, got ", device);
   AutocastState s;
   s.cache = false;
   if (dtype == at::kFloat) return s;
@@ -97,8 +96,7 @@ AutocastState AutocastState::compute(c10::DeviceType device, at::ScalarType dtyp
 }
 
 bool AutocastState::operator==(const AutocastState& o) const {
-  return cpu == o.cpu && cuda == o.cuda && (!cpu || cpu_dtype == o.cpu_dtype) && (!cuda || cuda_dtype == o.cuda_dtype) &&
-         cache == o.cache;
+  return cpu == o.cpu && cuda == o.cuda && (!cpu || cpu_dtype == o.cpu_dtype) && (!cuda || cuda_dtype == o.cuda_dtype) && cache == o.cache;
 }
 
 std::string AutocastState::describe() const {

@@ -74,7 +74,7 @@ struct Region : torch::CustomClassHolder {
   CheckpointOptions options;
   size_t n_inputs = 0;
   detail::LinearCache kept;
-  int64_t tail_calls = 0;                  // checkpoint::tail_linear calls in the forward
+  int64_t tail_calls = 0;  // checkpoint::tail_linear calls in the forward
   RngSnapshot rng;
   AutocastState autocast;                  // the forward's mixed-precision state, re-entered for the recompute
   std::vector<at::Tensor> buffers_before;  // buffer values when the forward started
@@ -107,23 +107,20 @@ OutputSignature signature_of(const at::Tensor& t, bool strict) {
 // Throws, naming the region and the first output whose recompute differs from the forward.
 void check_recompute(const Region& region, const std::vector<at::Tensor>& recomputed) {
   const std::string& name = region.options.name();
-  TORCH_CHECK(recomputed.size() == region.outputs.size(), "checkpoint: region '", name, "' returned ",
-              recomputed.size(), " outputs when recomputed but ", region.outputs.size(),
-              " in the forward; the region must run the same code twice");
+  TORCH_CHECK(recomputed.size() == region.outputs.size(), "checkpoint: region '", name, "' returned ", recomputed.size(),
+              " outputs when recomputed but ", region.outputs.size(), " in the forward; the region must run the same code twice");
   const bool strict = region.options.strict();
   for (size_t i = 0; i < recomputed.size(); ++i) {
     const OutputSignature& want = region.outputs[i];
     const OutputSignature got = signature_of(recomputed[i], strict);
-    TORCH_CHECK(got.defined == want.defined && got.sizes == want.sizes && got.dtype == want.dtype &&
-                    got.device == want.device,
-                "checkpoint: region '", name, "' output ", i, " differs between forward (", describe(want),
-                ") and recompute (", describe(got), ")");
+    TORCH_CHECK(got.defined == want.defined && got.sizes == want.sizes && got.dtype == want.dtype && got.device == want.device,
+                "checkpoint: region '", name, "' output ", i, " differs between forward (", describe(want), ") and recompute (",
+                describe(got), ")");
     if (strict && want.defined) {
       const double tol = region.options.strict_rtol() * std::max(want.abs_sum, 1e-30);
-      TORCH_CHECK(std::abs(got.sum - want.sum) <= tol && std::abs(got.abs_sum - want.abs_sum) <= tol,
-                  "checkpoint: region '", name, "' output ", i,
-                  " has different values in the recompute than in the forward (checksum ", want.sum, " vs ",
-                  got.sum, "); the region is not deterministic: random numbers drawn without "
+      TORCH_CHECK(std::abs(got.sum - want.sum) <= tol && std::abs(got.abs_sum - want.abs_sum) <= tol, "checkpoint: region '", name,
+                  "' output ", i, " has different values in the recompute than in the forward (checksum ", want.sum, " vs ", got.sum,
+                  "); the region is not deterministic: random numbers drawn without "
                   "preserve_rng_state, a buffer or global read in forward, or a nondeterministic kernel");
     }
   }
@@ -132,8 +129,7 @@ void check_recompute(const Region& region, const std::vector<at::Tensor>& recomp
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   // tensors = inputs followed by params
-  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Region> region,
-                               at::TensorList tensors) {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Region> region, at::TensorList tensors) {
     std::vector<at::Tensor> inputs(tensors.begin(), tensors.begin() + region->n_inputs);
     const CheckpointOptions& opt = region->options;
     if (opt.preserve_rng_state()) region->rng = RngSnapshot::capture(tensors.vec());
@@ -262,12 +258,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
 }  // namespace
 
-std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& inputs,
-                                   const std::vector<at::Tensor>& params, const CheckpointOptions& options) {
+std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params,
+                                   const CheckpointOptions& options) {
   TORCH_CHECK(fn, "checkpoint: the region function of '", options.name(), "' is empty");
-  const bool any_grad = std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) {
-    return t.defined() && t.requires_grad();
-  }) || std::any_of(params.begin(), params.end(), [](const at::Tensor& t) { return t.requires_grad(); });
+  const bool any_grad = std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); }) ||
+                        std::any_of(params.begin(), params.end(), [](const at::Tensor& t) { return t.requires_grad(); });
   if (!at::GradMode::is_enabled() || !any_grad) {
     detail::LinearCacheScope plain(nullptr);  // nothing will run backward: just run the function
     detail::TailCallsScope no_tails(nullptr);
@@ -283,12 +278,9 @@ std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& i
   return CheckpointFunction::apply(region, at::TensorList(tensors));
 }
 
-at::Tensor checkpoint(UnaryFn fn, const at::Tensor& input, const std::vector<at::Tensor>& params,
-                      const CheckpointOptions& options) {
+at::Tensor checkpoint(UnaryFn fn, const at::Tensor& input, const std::vector<at::Tensor>& params, const CheckpointOptions& options) {
   TORCH_CHECK(fn, "checkpoint: the region function of '", options.name(), "' is empty");
-  RegionFn wrapped = [f = std::move(fn)](const std::vector<at::Tensor>& in) {
-    return std::vector<at::Tensor>{f(in[0])};
-  };
+  RegionFn wrapped = [f = std::move(fn)](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{f(in[0])}; };
   return checkpoint(std::move(wrapped), std::vector<at::Tensor>{input}, params, options)[0];
 }
 

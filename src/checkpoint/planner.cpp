@@ -95,9 +95,8 @@ std::optional<ActivationPlan> plan_for_budget(const std::vector<BlockCost>& cost
   std::vector<std::vector<State>> states(static_cast<size_t>(n + 1));
   states[0].push_back({0, 0.0, -1, 0, {}});
   auto prune = [](std::vector<State>& front) {
-    std::sort(front.begin(), front.end(), [](const State& a, const State& b) {
-      return a.prefix != b.prefix ? a.prefix < b.prefix : a.time < b.time;
-    });
+    std::sort(front.begin(), front.end(),
+              [](const State& a, const State& b) { return a.prefix != b.prefix ? a.prefix < b.prefix : a.time < b.time; });
     std::vector<State> kept;
     for (const State& s : front) {
       if (kept.empty() || s.time < kept.back().time) kept.push_back(s);
@@ -136,8 +135,7 @@ std::optional<ActivationPlan> plan_for_budget(const std::vector<BlockCost>& cost
   }
   if (!best) return std::nullopt;
   std::vector<Segment> segments;
-  for (const State* s = best; s->from_position >= 0;
-       s = &states[static_cast<size_t>(s->from_position)][s->from_state]) {
+  for (const State* s = best; s->from_position >= 0; s = &states[static_cast<size_t>(s->from_position)][s->from_state]) {
     segments.push_back(s->last);
   }
   std::reverse(segments.begin(), segments.end());
@@ -209,11 +207,10 @@ std::vector<BlockCost> measure_chain(const std::vector<ChainBlock>& chain, const
   return costs;
 }
 
-at::Tensor run_plan(const std::vector<ChainBlock>& chain, at::Tensor x, const ActivationPlan& plan,
-                    const CheckpointOptions& options) {
+at::Tensor run_plan(const std::vector<ChainBlock>& chain, at::Tensor x, const ActivationPlan& plan, const CheckpointOptions& options) {
   for (const Segment& s : plan.segments) {
-    TORCH_CHECK(s.begin >= 0 && s.begin < s.end && s.end <= static_cast<int64_t>(chain.size()),
-                "run_plan: segment [", s.begin, ", ", s.end, ") is outside the chain of ", chain.size(), " blocks");
+    TORCH_CHECK(s.begin >= 0 && s.begin < s.end && s.end <= static_cast<int64_t>(chain.size()), "run_plan: segment [", s.begin, ", ", s.end,
+                ") is outside the chain of ", chain.size(), " blocks");
     if (!s.checkpointed) {
       for (int64_t b = s.begin; b < s.end; ++b) x = chain[static_cast<size_t>(b)].forward(x);
       continue;

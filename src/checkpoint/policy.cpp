@@ -52,16 +52,13 @@ bool CheckpointPolicy::checkpoints(int64_t block_index) const {
   return false;
 }
 
-CheckpointOptions CheckpointPolicy::options() const {
-  return CheckpointOptions().keep_linear_outputs(kind == PolicyKind::selective);
-}
+CheckpointOptions CheckpointPolicy::options() const { return CheckpointOptions().keep_linear_outputs(kind == PolicyKind::selective); }
 
 at::Tensor run_chain(const std::vector<ChainBlock>& chain, at::Tensor x, const CheckpointPolicy& policy) {
   for (size_t i = 0; i < chain.size(); ++i) {
     const ChainBlock& block = chain[i];
     if (policy.checkpoints(static_cast<int64_t>(i))) {
-      CheckpointOptions options =
-          policy.options().name("block " + std::to_string(i)).buffers(block.buffers).skip_final_tail(true);
+      CheckpointOptions options = policy.options().name("block " + std::to_string(i)).buffers(block.buffers).skip_final_tail(true);
       x = checkpoint(block.forward, x, block.params, options);
     } else {
       x = block.forward(x);

@@ -47,8 +47,8 @@ using torch::autograd::variable_list;
 class KeptLinear : public torch::autograd::Function<KeptLinear> {
  public:
   // x: (..., in), weight: (out, in), bias: (out) or undefined, kept: (..., out)
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               const c10::optional<at::Tensor>& bias, const at::Tensor& kept) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                               const at::Tensor& kept) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
     return {kept};
@@ -62,7 +62,7 @@ class KeptLinear : public torch::autograd::Function<KeptLinear> {
     const int64_t out = weight.size(0);
     const int64_t in = weight.size(1);
     at::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);  // (..., in)
+    if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);                             // (..., in)
     if (ctx->needs_input_grad(1)) gw = g.reshape({-1, out}).t().mm(x.reshape({-1, in}));  // (out, in)
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g.reshape({-1, out}).sum(0);
     return {gx, gw, gb, at::Tensor()};
@@ -117,13 +117,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     cache->outputs.push_back(y.detach());
     return y;
   }
-  TORCH_CHECK(cache->next < cache->outputs.size(),
-              "selective checkpoint: the recompute made more Linear calls (", cache->next + 1,
+  TORCH_CHECK(cache->next < cache->outputs.size(), "selective checkpoint: the recompute made more Linear calls (", cache->next + 1,
               ") than the forward (", cache->outputs.size(), "); the region must run the same code twice");
   at::Tensor kept = cache->outputs[cache->next];
   if (!detail::keep_for_another_backward()) cache->outputs[cache->next] = at::Tensor();  // the graph holds it now
   ++cache->next;
-  TORCH_CHECK(kept.defined(), "selective checkpoint: a kept Linear output was already used by an earlier backward; "
+  TORCH_CHECK(kept.defined(),
+              "selective checkpoint: a kept Linear output was already used by an earlier backward; "
               "hold a checkpoint::KeepForAnotherBackward around backward passes that will be repeated");
   return known_product(x, weight, bias, kept);
 }

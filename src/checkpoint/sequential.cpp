@@ -6,8 +6,8 @@ namespace checkpoint {
 at::Tensor checkpoint_sequential(torch::nn::Sequential sequential, int64_t segments, const at::Tensor& input,
                                  const CheckpointOptions& options) {
   const int64_t n = static_cast<int64_t>(sequential->size());
-  TORCH_CHECK(segments >= 1 && segments <= n, "checkpoint_sequential: segments must be between 1 and the number of ",
-              "modules (", n, "), got ", segments);
+  TORCH_CHECK(segments >= 1 && segments <= n, "checkpoint_sequential: segments must be between 1 and the number of ", "modules (", n,
+              "), got ", segments);
   std::vector<torch::nn::AnyModule> modules(sequential->begin(), sequential->end());
   const int64_t segment_size = n / segments;
   // Runs modules [begin, end) one after the other.
@@ -28,8 +28,7 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential sequential, int64_t segme
       for (const auto& b : module->buffers()) buffers.push_back(b);
     }
     CheckpointOptions opt = options;
-    opt.name("segment " + std::to_string(s) + " (modules " + std::to_string(begin) + "-" +
-             std::to_string(begin + segment_size - 1) + ")");
+    opt.name("segment " + std::to_string(s) + " (modules " + std::to_string(begin) + "-" + std::to_string(begin + segment_size - 1) + ")");
     opt.buffers(buffers);
     x = checkpoint(run(begin, begin + segment_size), x, params, opt);
   }

@@ -17,8 +17,8 @@ namespace data {
 namespace {
 
 constexpr ExampleFormat kAllFormats[] = {ExampleFormat::alpaca, ExampleFormat::prompt_completion, ExampleFormat::messages};
-constexpr ChatTemplate kAllTemplates[] = {ChatTemplate::plain, ChatTemplate::alpaca, ChatTemplate::llama2,
-                                          ChatTemplate::llama3, ChatTemplate::chatml};
+constexpr ChatTemplate kAllTemplates[] = {ChatTemplate::plain, ChatTemplate::alpaca, ChatTemplate::llama2, ChatTemplate::llama3,
+                                          ChatTemplate::chatml};
 
 // meta-llama/Llama-2-7b-chat-hf's tokenizer_config.json chat_template (the JSON string's value).
 const char* const kLlama2Jinja =
@@ -71,8 +71,12 @@ std::string unescape(const std::string& body) {
       case '\'': out += '\''; break;
       case '"': out += '"'; break;
       case '\n': break;  // a line continuation
-      case 'x': if (!hex(2)) out += "\\x"; break;
-      case 'u': if (!hex(4)) out += "\\u"; break;
+      case 'x':
+        if (!hex(2)) out += "\\x";
+        break;
+      case 'u':
+        if (!hex(4)) out += "\\u";
+        break;
       default: out += '\\'; out += e;
     }
   }
@@ -112,8 +116,10 @@ std::string normalize_tag(const std::string& inner) {
 std::string normalize_jinja(const std::string& source) {
   // Jinja drops one newline that ends the template (keep_trailing_newline is off).
   std::string t = source;
-  if (t.size() >= 2 && t.compare(t.size() - 2, 2, "\r\n") == 0) t.resize(t.size() - 2);
-  else if (!t.empty() && t.back() == '\n') t.pop_back();
+  if (t.size() >= 2 && t.compare(t.size() - 2, 2, "\r\n") == 0)
+    t.resize(t.size() - 2);
+  else if (!t.empty() && t.back() == '\n')
+    t.pop_back();
   struct Piece {
     bool tag;
     char kind;  // '{' expression, '%' statement, '#' comment
@@ -282,7 +288,8 @@ ChatTemplate folder_chat_template(const std::string& dir) {
         if (name && name->is_string() && name->as_string() == "default") chosen = item.find("template");
       }
     }
-    if (!chosen || !chosen->is_string()) throw std::invalid_argument(path + "'s chat_template is neither a string nor a list with a 'default' template");
+    if (!chosen || !chosen->is_string())
+      throw std::invalid_argument(path + "'s chat_template is neither a string nor a list with a 'default' template");
     t = chosen;
   }
   return recognized(t->as_string(), path + "'s chat_template");
@@ -325,11 +332,12 @@ std::string python_strip(const std::string& s) {
 std::string alpaca_prompt(const std::string& instruction, const std::string& input) {
   if (input.empty()) {
     return "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
-           "### Instruction:\n" + instruction + "\n\n### Response:\n";
+           "### Instruction:\n" +
+           instruction + "\n\n### Response:\n";
   }
   return "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
-         "response that appropriately completes the request.\n\n### Instruction:\n" + instruction + "\n\n### Input:\n" +
-         input + "\n\n### Response:\n";
+         "response that appropriately completes the request.\n\n### Instruction:\n" +
+         instruction + "\n\n### Input:\n" + input + "\n\n### Response:\n";
 }
 
 RenderedExample render_messages(ChatTemplate t, const std::vector<ChatMessage>& messages, const std::string& bos_token,
@@ -351,11 +359,10 @@ RenderedExample render_messages(ChatTemplate t, const std::vector<ChatMessage>& 
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (t == ChatTemplate::llama2) {
-      if (has_system && i == 0) continue;  // folded into the first user message
+      if (has_system && i == 0) continue;         // folded into the first user message
       const size_t k = i - (has_system ? 1 : 0);  // loop.index0 over loop_messages
       if ((m.role == "user") != (k % 2 == 0)) refuse("Conversation roles must alternate user/assistant/user/assistant/...");
-      const std::string content =
-          k == 0 && has_system ? "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + m.content : m.content;
+      const std::string content = k == 0 && has_system ? "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + m.content : m.content;
       if (m.role == "user") {
         r.text += bos_token + "[INST] " + python_strip(content) + " [/INST]";
       } else if (m.role == "assistant") {

@@ -139,7 +139,7 @@ void stream_documents(const std::vector<std::string>& files, Sink& sink) {
       emit();
     });
     if (!held_percent && !line_start) out += '\n';  // the last line ends with "\n", as every kept line does
-    end_document();  // a "%" at the very end closes the document too
+    end_document();                                 // a "%" at the very end closes the document too
   }
 }
 
@@ -304,8 +304,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   out.commit();
 }
 
-CorpusTokens tokenize_corpus(const std::string& corpus_path, const Tokenizer& tokenizer, const std::string& path,
-                             size_t piece_bytes) {
+CorpusTokens tokenize_corpus(const std::string& corpus_path, const Tokenizer& tokenizer, const std::string& path, size_t piece_bytes) {
   const std::vector<std::string> files = corpus_files(corpus_path);
   TokenFileWriter out(path, tokenizer.vocab_size());
   DocumentEncoder encoder(tokenizer, out, piece_bytes);
@@ -369,14 +368,13 @@ TokenFile::~TokenFile() {
   if (map_) ::munmap(map_, map_bytes_);
 }
 
-TokenDataset::TokenDataset(const std::string& token_file, double val_fraction)
-    : file_(std::make_shared<TokenFile>(token_file)) {
+TokenDataset::TokenDataset(const std::string& token_file, double val_fraction) : file_(std::make_shared<TokenFile>(token_file)) {
   if (!(val_fraction >= 0 && val_fraction < 1)) throw std::invalid_argument("val_fraction must be in [0, 1)");
   train_end_ = file_->size() - static_cast<int64_t>(val_fraction * static_cast<double>(file_->size()));
 }
 
 std::pair<at::Tensor, at::Tensor> TokenDataset::gather(const std::vector<int64_t>& starts, int64_t seq) const {
-  const at::Tensor s = at::tensor(starts, at::kLong).unsqueeze(1);      // (B, 1)
+  const at::Tensor s = at::tensor(starts, at::kLong).unsqueeze(1);         // (B, 1)
   const at::Tensor idx = s + at::arange(seq + 1, at::kLong).unsqueeze(0);  // (B, T+1)
   const at::Tensor windows = file_->tokens().index_select(0, idx.reshape({-1})).reshape(idx.sizes()).to(at::kLong);
   return {windows.narrow(1, 0, seq).contiguous(), windows.narrow(1, 1, seq).contiguous()};
@@ -384,8 +382,8 @@ std::pair<at::Tensor, at::Tensor> TokenDataset::gather(const std::vector<int64_t
 
 std::pair<at::Tensor, at::Tensor> TokenDataset::train_batch(int64_t step, int64_t batch, int64_t seq, uint64_t seed) const {
   if (train_end_ < seq + 1) {
-    throw std::invalid_argument("the training split has " + std::to_string(train_end_) + " tokens, fewer than seq_len + 1 = " +
-                                std::to_string(seq + 1));
+    throw std::invalid_argument("the training split has " + std::to_string(train_end_) +
+                                " tokens, fewer than seq_len + 1 = " + std::to_string(seq + 1));
   }
   std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(step));
   std::uniform_int_distribution<int64_t> pick(0, train_end_ - seq - 1);
@@ -397,8 +395,8 @@ std::pair<at::Tensor, at::Tensor> TokenDataset::train_batch(int64_t step, int64_
 std::pair<at::Tensor, at::Tensor> TokenDataset::val_batch(int64_t index, int64_t batch, int64_t seq) const {
   const int64_t n = val_tokens();
   if (n < seq + 1) {
-    throw std::invalid_argument("the validation split has " + std::to_string(n) + " tokens, fewer than seq_len + 1 = " +
-                                std::to_string(seq + 1));
+    throw std::invalid_argument("the validation split has " + std::to_string(n) +
+                                " tokens, fewer than seq_len + 1 = " + std::to_string(seq + 1));
   }
   const int64_t windows = (n - 1) / seq;
   std::vector<int64_t> starts(static_cast<size_t>(batch));

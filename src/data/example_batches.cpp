@@ -79,7 +79,8 @@ ExampleFile::ExampleFile(const std::string& path) {
   const uint64_t room = size - examples_format::kHeaderBytes;
   if (fp > room) fail("says its fingerprint is longer than the file");
   const uint64_t tokens_at = examples_format::kHeaderBytes + align8(fp);
-  if (tokens_at > size || total > (size - tokens_at) / 5) fail("says it holds " + std::to_string(total) + " tokens, more than its size allows");
+  if (tokens_at > size || total > (size - tokens_at) / 5)
+    fail("says it holds " + std::to_string(total) + " tokens, more than its size allows");
   const uint64_t flags_at = tokens_at + align8(total * 4);
   const uint64_t offsets_at = flags_at + align8(total);
   if (offsets_at > size || count >= (size - offsets_at) / 8 + 1 || offsets_at + (count + 1) * 8 != size) {
@@ -91,11 +92,13 @@ ExampleFile::ExampleFile(const std::string& path) {
   offsets_ = reinterpret_cast<const uint64_t*>(p + offsets_at);
   if (offsets_[0] != 0 || offsets_[count] != total) fail("has offsets that do not run from 0 to its token count");
   for (uint64_t i = 0; i < count; ++i) {
-    if (offsets_[i + 1] < offsets_[i] + 2) fail("has an example (" + std::to_string(i) + ") of fewer than two tokens, or offsets that go back");
+    if (offsets_[i + 1] < offsets_[i] + 2)
+      fail("has an example (" + std::to_string(i) + ") of fewer than two tokens, or offsets that go back");
   }
   uint64_t counted = 0;
   for (uint64_t i = 0; i < total; ++i) {
-    if (tokens_[i] < 0 || static_cast<uint64_t>(tokens_[i]) >= vocab) fail("holds token " + std::to_string(tokens_[i]) + ", outside its vocabulary");
+    if (tokens_[i] < 0 || static_cast<uint64_t>(tokens_[i]) >= vocab)
+      fail("holds token " + std::to_string(tokens_[i]) + ", outside its vocabulary");
     if (flags_[i] > 1) fail("holds a loss flag other than 0 or 1");
     counted += flags_[i];
   }
@@ -130,13 +133,13 @@ ExampleBatches::ExampleBatches(std::shared_ptr<const ExampleFile> file, int64_t 
     : file_(std::move(file)), opt_(o) {
   if (!file_) throw std::invalid_argument("ExampleBatches: no examples file");
   if (opt_.micro_rows < 1 || opt_.rows_per_step < 1 || opt_.rows_per_step % opt_.micro_rows != 0) {
-    throw std::invalid_argument("rows per step (" + std::to_string(opt_.rows_per_step) + ") must be a positive multiple of the rows of a micro-batch (" +
-                                std::to_string(opt_.micro_rows) + ")");
+    throw std::invalid_argument("rows per step (" + std::to_string(opt_.rows_per_step) +
+                                ") must be a positive multiple of the rows of a micro-batch (" + std::to_string(opt_.micro_rows) + ")");
   }
   if (opt_.seq_len < 1) throw std::invalid_argument("seq_len must be at least 1");
   if (first < 0 || end > file_->size() || first >= end) {
-    throw std::invalid_argument("the example range [" + std::to_string(first) + ", " + std::to_string(end) + ") is empty or outside the file's " +
-                                std::to_string(file_->size()) + " examples");
+    throw std::invalid_argument("the example range [" + std::to_string(first) + ", " + std::to_string(end) +
+                                ") is empty or outside the file's " + std::to_string(file_->size()) + " examples");
   }
   for (int64_t i = first; i < end; ++i) {
     if (file_->length(i) - 1 > opt_.seq_len) {
@@ -230,11 +233,13 @@ ExampleBatch ExampleBatches::make_batch(const std::vector<const Row*>& rows, con
   const auto R = static_cast<int64_t>(rows.size());
   auto row_positions = [&](const Row* row) {
     int64_t n = 0;
-    if (row) for (int64_t k = row->begin; k < row->end; ++k) n += positions(list[static_cast<size_t>(k)]);
+    if (row)
+      for (int64_t k = row->begin; k < row->end; ++k) n += positions(list[static_cast<size_t>(k)]);
     return n;
   };
   int64_t T = opt_.packing ? opt_.seq_len : 1;
-  if (!opt_.packing) for (const Row* row : rows) T = std::max(T, row_positions(row));
+  if (!opt_.packing)
+    for (const Row* row : rows) T = std::max(T, row_positions(row));
   std::vector<int64_t> tokens(static_cast<size_t>(R * T), 0), targets(static_cast<size_t>(R * T), -100), segments;
   if (opt_.packing) segments.assign(static_cast<size_t>(R * T), 0);
   ExampleBatch b;
@@ -285,9 +290,7 @@ std::vector<ExampleBatch> ExampleBatches::step(int64_t step) const {
   return out;
 }
 
-int64_t ExampleBatches::eval_batches() const {
-  return (static_cast<int64_t>(eval_rows_.size()) + opt_.micro_rows - 1) / opt_.micro_rows;
-}
+int64_t ExampleBatches::eval_batches() const { return (static_cast<int64_t>(eval_rows_.size()) + opt_.micro_rows - 1) / opt_.micro_rows; }
 
 ExampleBatch ExampleBatches::eval_batch(int64_t index) const {
   TORCH_CHECK(index >= 0, "index must be >= 0, got ", index);

@@ -28,7 +28,8 @@ bool has_example_suffix(const std::string& name) {
 void collect(const std::string& path, std::vector<std::string>& out, std::set<std::pair<dev_t, ino_t>>& seen) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw std::invalid_argument("dataset " + path + (errno == ENOENT ? " does not exist" : " cannot be read: " + std::string(std::strerror(errno))));
+    throw std::invalid_argument("dataset " + path +
+                                (errno == ENOENT ? " does not exist" : " cannot be read: " + std::string(std::strerror(errno))));
   }
   if (S_ISDIR(st.st_mode)) {
     if (!seen.insert({st.st_dev, st.st_ino}).second) return;
@@ -51,7 +52,9 @@ void collect(const std::string& path, std::vector<std::string>& out, std::set<st
   }
   if (!S_ISREG(st.st_mode)) {
     throw std::invalid_argument("dataset file " + path + " is not a regular file (" +
-                                (S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : "a device") +
+                                (S_ISFIFO(st.st_mode)   ? "a FIFO"
+                                 : S_ISSOCK(st.st_mode) ? "a socket"
+                                                        : "a device") +
                                 "); example files must be regular files");
   }
   out.push_back(path);
@@ -69,7 +72,8 @@ std::vector<std::string> dataset_files(const std::vector<std::string>& paths) {
     char real[PATH_MAX];
     if (!::realpath(f.c_str(), real) || seen.insert(real).second) unique.push_back(f);
   }
-  if (unique.empty()) throw std::invalid_argument("no *.jsonl or *.json files in the dataset (" + paths[0] + (paths.size() > 1 ? ", ..." : "") + ")");
+  if (unique.empty())
+    throw std::invalid_argument("no *.jsonl or *.json files in the dataset (" + paths[0] + (paths.size() > 1 ? ", ..." : "") + ")");
   return unique;
 }
 
@@ -183,14 +187,19 @@ bool RecordReader::next_item(Record& r) {
     const char ch = static_cast<char>(c);
     keep(r, &ch, 1);
     if (in_string) {
-      if (escape) escape = false;
-      else if (ch == '\\') escape = true;
-      else if (ch == '"') in_string = false;
+      if (escape)
+        escape = false;
+      else if (ch == '\\')
+        escape = true;
+      else if (ch == '"')
+        in_string = false;
       if (!in_string && depth == 0) break;
       continue;
     }
-    if (ch == '"') in_string = true;
-    else if (ch == '{' || ch == '[') ++depth;
+    if (ch == '"')
+      in_string = true;
+    else if (ch == '{' || ch == '[')
+      ++depth;
     else if (ch == '}' || ch == ']') {
       if (--depth < 0) fail("unbalanced brackets");
       if (depth == 0) break;
@@ -209,10 +218,14 @@ size_t invalid_utf8_at(const std::string& s) {
     }
     size_t n = 0;
     uint32_t cp = 0, min = 0;
-    if ((c >> 5) == 6) n = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c >> 4) == 14) n = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c >> 3) == 30) n = 4, cp = c & 0x07, min = 0x10000;
-    else return i;
+    if ((c >> 5) == 6)
+      n = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c >> 4) == 14)
+      n = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c >> 3) == 30)
+      n = 4, cp = c & 0x07, min = 0x10000;
+    else
+      return i;
     if (i + n > s.size()) return i;
     for (size_t k = 1; k < n; ++k) {
       const auto b = static_cast<unsigned char>(s[i + k]);

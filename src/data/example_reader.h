@@ -35,7 +35,7 @@ class RecordReader {
   ~RecordReader();
   RecordReader(const RecordReader&) = delete;
   RecordReader& operator=(const RecordReader&) = delete;
-  bool next(Record& r);  // false at the end
+  bool next(Record& r);                        // false at the end
   bool saw_anything() const { return seen_; }  // a record (or an array item) was found
 
  private:

@@ -24,7 +24,6 @@
 namespace frugal {
 namespace data {
 
-
 namespace {
 
 // A bad example: the message names the field; the reader adds file and line.
@@ -96,7 +95,9 @@ ExampleEncoder::ExampleEncoder(const Tokenizer& tok, const ExampleOptions& opt)
   if (tok.eos_id() >= 0) eos_ = tok.id_to_token(tok.eos_id());
   std::vector<std::string> needed = template_tokens(template_);
   if (template_ == ChatTemplate::llama2 || template_ == ChatTemplate::llama3) {
-    if (tok.bos_id() < 0) throw std::invalid_argument(std::string("the ") + name + " template writes a BOS token, and the tokenizer " + tok.path() + " has none");
+    if (tok.bos_id() < 0)
+      throw std::invalid_argument(std::string("the ") + name + " template writes a BOS token, and the tokenizer " + tok.path() +
+                                  " has none");
     needed.push_back(bos_);
   }
   if (template_ == ChatTemplate::llama2) needed.push_back(eos_);
@@ -296,12 +297,11 @@ EncodedExample ExampleEncoder::encode(const io::JsonValue& example) const {
 
 std::string examples_fingerprint(const Tokenizer& tok, const ExampleOptions& opt) {
   const ExampleFields& f = opt.fields;
-  std::string s = "examples v" + std::to_string(examples_format::kVersion) + "|tok=" + tok.fingerprint() +
-                  "|bos=" + std::to_string(tok.bos_id()) + "|eos=" + std::to_string(tok.eos_id()) +
-                  "|add_bos=" + std::to_string(tok.add_bos()) + "|format=" + example_format_name(opt.format) +
-                  "|template=" + chat_template_name(resolve_chat_template(tok, opt)) +
-                  "|train_on_prompt=" + std::to_string(opt.train_on_prompt) + "|skip_bad=" + std::to_string(opt.skip_bad) +
-                  "|max_line_bytes=" + std::to_string(opt.max_line_bytes);
+  std::string s =
+      "examples v" + std::to_string(examples_format::kVersion) + "|tok=" + tok.fingerprint() + "|bos=" + std::to_string(tok.bos_id()) +
+      "|eos=" + std::to_string(tok.eos_id()) + "|add_bos=" + std::to_string(tok.add_bos()) + "|format=" + example_format_name(opt.format) +
+      "|template=" + chat_template_name(resolve_chat_template(tok, opt)) + "|train_on_prompt=" + std::to_string(opt.train_on_prompt) +
+      "|skip_bad=" + std::to_string(opt.skip_bad) + "|max_line_bytes=" + std::to_string(opt.max_line_bytes);
   for (const std::string* k : {&f.instruction, &f.input, &f.output, &f.prompt, &f.completion, &f.messages, &f.role, &f.content}) {
     s.append("|").append(std::to_string(k->size())).append(":").append(*k);
   }
@@ -463,8 +463,9 @@ ExampleStats encode_examples(const std::vector<std::string>& paths, const Tokeni
     if (!reader.saw_anything()) bad(file, "is empty (no examples)");
   }
   if (stats.examples == 0) {
-    throw std::invalid_argument("the dataset (" + files[0] + (files.size() > 1 ? ", ..." : "") + ") holds no examples" +
-                                (stats.skipped ? " (" + std::to_string(stats.skipped) + " skipped as bad, first: " + stats.skipped_reasons[0] + ")" : ""));
+    throw std::invalid_argument(
+        "the dataset (" + files[0] + (files.size() > 1 ? ", ..." : "") + ") holds no examples" +
+        (stats.skipped ? " (" + std::to_string(stats.skipped) + " skipped as bad, first: " + stats.skipped_reasons[0] + ")" : ""));
   }
   return stats;
 }

@@ -29,8 +29,9 @@ constexpr size_t kCacheEntries = 1 << 18;  // the cache is emptied when it holds
 }  // namespace
 
 Bpe::Bpe(const JsonValue& model, const std::string& where) {
-  check_fields(model, where, {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback",
-                              "ignore_merges", "vocab", "merges"});
+  check_fields(model, where,
+               {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
+                "vocab", "merges"});
   for (const char* unsupported : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
     const JsonValue* v = model.find(unsupported);
     if (v && !v->is_null() && !(v->is_string() && v->as_string().empty())) {
@@ -208,8 +209,10 @@ struct ByteLevelDecoder : Decoder {  // the printable characters back to bytes; 
         const size_t len = std::min(utf8_length(static_cast<unsigned char>(s[i])), s.size() - i);
         ch.assign(s, i, len);
         const auto it = inverse.find(ch);
-        if (it != inverse.end()) bytes += static_cast<char>(it->second);
-        else bytes += ch;
+        if (it != inverse.end())
+          bytes += static_cast<char>(it->second);
+        else
+          bytes += ch;
         i += len;
       }
     }
@@ -359,8 +362,10 @@ std::unique_ptr<Decoder> make_decoder(const JsonValue& v, const std::string& whe
     d->replacement = str("replacement");
     const JsonValue* ps = v.find("prepend_scheme");
     const JsonValue* aps = v.find("add_prefix_space");
-    if (ps && ps->is_string()) d->strip_first = ps->as_string() != "never";
-    else if (aps && aps->is_bool()) d->strip_first = aps->as_bool();
+    if (ps && ps->is_string())
+      d->strip_first = ps->as_string() != "never";
+    else if (aps && aps->is_bool())
+      d->strip_first = aps->as_bool();
     return d;
   }
   if (type == "Replace") {
@@ -433,7 +438,8 @@ void add_post_processor(const JsonValue& v, const std::string& where, PostProces
         const JsonValue& ids = need(*tok, "ids", at + " special_tokens['" + name.as_string() + "']");
         if (!ids.is_array()) refuse(at, "special_tokens['" + name.as_string() + "'].ids must be a list");
         for (const JsonValue& id : ids.items()) {
-          if (!id.is_integer() || id.as_int() < 0 || id.as_int() >= (int64_t(1) << 31)) refuse(at, "special token ids must be non-negative integers");
+          if (!id.is_integer() || id.as_int() < 0 || id.as_int() >= (int64_t(1) << 31))
+            refuse(at, "special token ids must be non-negative integers");
           (seen_sequence ? post.after : post.before).push_back(static_cast<int32_t>(id.as_int()));
         }
       } else {
@@ -447,14 +453,16 @@ void add_post_processor(const JsonValue& v, const std::string& where, PostProces
     check_fields(v, at, {"sep", "cls", "trim_offsets", "add_prefix_space"});
     auto id_of = [&](const char* key) {
       const JsonValue& p = need(v, key, at);
-      if (!p.is_array() || p.items().size() != 2 || !p.items()[1].is_integer()) refuse(at, std::string("field '") + key + "' must be [token, id]");
+      if (!p.is_array() || p.items().size() != 2 || !p.items()[1].is_integer())
+        refuse(at, std::string("field '") + key + "' must be [token, id]");
       return static_cast<int32_t>(p.items()[1].as_int());
     };
     post.before.push_back(id_of("cls"));
     post.after.push_back(id_of("sep"));
     return;
   }
-  refuse(where, "type '" + type + "' is not supported (supported: TemplateProcessing, ByteLevel, BertProcessing, RobertaProcessing, Sequence)");
+  refuse(where,
+         "type '" + type + "' is not supported (supported: TemplateProcessing, ByteLevel, BertProcessing, RobertaProcessing, Sequence)");
 }
 
 }  // namespace hf

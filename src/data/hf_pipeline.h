@@ -22,7 +22,7 @@ namespace hf {
 // Throws std::invalid_argument naming the byte offset when `s` is not valid UTF-8.
 void check_utf8(const std::string& s, const char* what);
 size_t utf8_length(unsigned char lead);  // bytes of the character a lead byte starts (1 for a bad one)
-using io::append_utf8;  // (frugal/io/utf8.h)
+using io::append_utf8;                   // (frugal/io/utf8.h)
 // The byte -> printable character table of byte-level BPE (GPT-2), as UTF-8 strings.
 const std::vector<std::string>& byte_to_unicode();
 
@@ -83,7 +83,7 @@ class Bpe {
   void merge(const std::string& word, std::vector<int32_t>& out) const;
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>, PairHash> merges_;  // (left, right) -> (rank, merged id)
-  std::vector<int32_t> byte_ids_;  // <0xXX> pieces' ids, or empty without byte_fallback
+  std::vector<int32_t> byte_ids_;                                               // <0xXX> pieces' ids, or empty without byte_fallback
   int32_t unk_ = -1;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   mutable std::mutex cache_mutex_;

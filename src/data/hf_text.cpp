@@ -16,9 +16,7 @@ namespace hf {
 
 using io::JsonValue;
 
-void refuse(const std::string& where, const std::string& why) {
-  throw std::invalid_argument("tokenizer.json: " + where + ": " + why);
-}
+void refuse(const std::string& where, const std::string& why) { throw std::invalid_argument("tokenizer.json: " + where + ": " + why); }
 
 void check_fields(const JsonValue& obj, const std::string& where, const std::vector<std::string>& known) {
   if (!obj.is_object()) refuse(where, "must be an object");
@@ -67,8 +65,8 @@ std::unique_ptr<Regex> make_pattern(const JsonValue& obj, const std::string& whe
 }
 
 bool is_whitespace(uint32_t c) {  // Unicode White_Space, as Rust's char::is_whitespace
-  return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+  return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // ---- normalizers ----
@@ -119,7 +117,8 @@ struct LowercaseNormalizer : Normalizer {
     out.reserve(s.size());
     for (size_t i = 0; i < s.size();) {
       utf8proc_int32_t c = 0;
-      const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i), static_cast<utf8proc_ssize_t>(s.size() - i), &c);
+      const auto n =
+          utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i), static_cast<utf8proc_ssize_t>(s.size() - i), &c);
       append_utf8(out, static_cast<uint32_t>(utf8proc_tolower(c)));
       i += static_cast<size_t>(n > 0 ? n : 1);
     }
@@ -168,29 +167,36 @@ void split_pieces(std::vector<Piece>& pieces, const Regex& re, Behavior behavior
     bool previous_match = false;
     switch (behavior) {
       case Behavior::removed:
-        for (const auto& x : parts) if (!x.second) spans.push_back(x.first);
+        for (const auto& x : parts)
+          if (!x.second) spans.push_back(x.first);
         break;
       case Behavior::isolated:
         for (const auto& x : parts) spans.push_back(x.first);
         break;
       case Behavior::merged_with_previous:
         for (const auto& x : parts) {
-          if (x.second && !previous_match && !spans.empty()) spans.back().second = x.first.second;
-          else spans.push_back(x.first);
+          if (x.second && !previous_match && !spans.empty())
+            spans.back().second = x.first.second;
+          else
+            spans.push_back(x.first);
           previous_match = x.second;
         }
         break;
       case Behavior::contiguous:
         for (const auto& x : parts) {
-          if (x.second == previous_match && !spans.empty()) spans.back().second = x.first.second;
-          else spans.push_back(x.first);
+          if (x.second == previous_match && !spans.empty())
+            spans.back().second = x.first.second;
+          else
+            spans.push_back(x.first);
           previous_match = x.second;
         }
         break;
       case Behavior::merged_with_next:
         for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-          if (it->second && !previous_match && !spans.empty()) spans.back().first = it->first.first;
-          else spans.push_back(it->first);
+          if (it->second && !previous_match && !spans.empty())
+            spans.back().first = it->first.first;
+          else
+            spans.push_back(it->first);
           previous_match = it->second;
         }
         std::reverse(spans.begin(), spans.end());
@@ -247,8 +253,10 @@ struct MetaspacePreTokenizer : PreTokenizer {
       std::string t;
       t.reserve(p.text.size() + replacement.size());
       for (char c : p.text) {
-        if (c == ' ') t += replacement;
-        else t += c;
+        if (c == ' ')
+          t += replacement;
+        else
+          t += c;
       }
       const bool starts = t.compare(0, replacement.size(), replacement) == 0;
       if (!starts && (prepend == Prepend::always || (prepend == Prepend::first && p.at_origin))) t.insert(0, replacement);
@@ -291,8 +299,8 @@ std::unique_ptr<Normalizer> make_normalizer(const JsonValue& v, const std::strin
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     check_fields(v, at, {});
     auto n = std::make_unique<UnicodeNormalizer>();
-    n->options = UTF8PROC_STABLE | (type[type.size() - 1] == 'C' ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE) |
-                 (type.size() == 4 ? UTF8PROC_COMPAT : 0);
+    n->options =
+        UTF8PROC_STABLE | (type[type.size() - 1] == 'C' ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE) | (type.size() == 4 ? UTF8PROC_COMPAT : 0);
     return n;
   }
   if (type == "Lowercase") {
@@ -329,12 +337,18 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const JsonValue& v, const std::
     auto s = std::make_unique<SplitPreTokenizer>();
     s->pattern = make_pattern(v, at);
     const std::string b = get_string(v, "behavior", at);
-    if (b == "Removed") s->behavior = Behavior::removed;
-    else if (b == "Isolated") s->behavior = Behavior::isolated;
-    else if (b == "MergedWithPrevious") s->behavior = Behavior::merged_with_previous;
-    else if (b == "MergedWithNext") s->behavior = Behavior::merged_with_next;
-    else if (b == "Contiguous") s->behavior = Behavior::contiguous;
-    else refuse(at, "behavior '" + b + "' is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
+    if (b == "Removed")
+      s->behavior = Behavior::removed;
+    else if (b == "Isolated")
+      s->behavior = Behavior::isolated;
+    else if (b == "MergedWithPrevious")
+      s->behavior = Behavior::merged_with_previous;
+    else if (b == "MergedWithNext")
+      s->behavior = Behavior::merged_with_next;
+    else if (b == "Contiguous")
+      s->behavior = Behavior::contiguous;
+    else
+      refuse(at, "behavior '" + b + "' is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
     s->invert = get_bool(v, "invert", false, at);
     return s;
   }
@@ -355,10 +369,14 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const JsonValue& v, const std::
     }
     if (const JsonValue* ps = v.find("prepend_scheme"); ps && !ps->is_null()) {
       const std::string s = ps->is_string() ? ps->as_string() : "";
-      if (s == "always") m->prepend = MetaspacePreTokenizer::Prepend::always;
-      else if (s == "first") m->prepend = MetaspacePreTokenizer::Prepend::first;
-      else if (s == "never") m->prepend = MetaspacePreTokenizer::Prepend::never;
-      else refuse(at, "prepend_scheme must be always, first or never");
+      if (s == "always")
+        m->prepend = MetaspacePreTokenizer::Prepend::always;
+      else if (s == "first")
+        m->prepend = MetaspacePreTokenizer::Prepend::first;
+      else if (s == "never")
+        m->prepend = MetaspacePreTokenizer::Prepend::never;
+      else
+        refuse(at, "prepend_scheme must be always, first or never");
     } else if (!get_bool(v, "add_prefix_space", true, at)) {
       m->prepend = MetaspacePreTokenizer::Prepend::never;
     }
@@ -403,7 +421,6 @@ void check_utf8(const std::string& s, const char* what) {
   }
 }
 
-
 const std::vector<std::string>& byte_to_unicode() {
   static const std::vector<std::string> table = [] {
     std::vector<std::string> t(256);
@@ -430,8 +447,8 @@ Regex::Regex(const std::string& pattern, bool literal, const std::string& where)
   if (!code_) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
-    refuse(where, "pattern '" + pattern + "' does not compile at offset " + std::to_string(offset) + ": " +
-                      reinterpret_cast<char*>(message));
+    refuse(where,
+           "pattern '" + pattern + "' does not compile at offset " + std::to_string(offset) + ": " + reinterpret_cast<char*>(message));
   }
   pcre2_jit_compile(static_cast<pcre2_code*>(code_), PCRE2_JIT_COMPLETE);  // falls back to the interpreter when unavailable
 }

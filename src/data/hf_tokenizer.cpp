@@ -73,8 +73,10 @@ void HfTokenizer::Impl::split_added(const std::string& text, bool at_origin, con
       continue;
     }
     size_t left = i, right = i + best->content.size();
-    if (best->lstrip) while (left > start && ascii_space(text[left - 1])) --left;
-    if (best->rstrip) while (right < text.size() && ascii_space(text[right])) ++right;
+    if (best->lstrip)
+      while (left > start && ascii_space(text[left - 1])) --left;
+    if (best->rstrip)
+      while (right < text.size() && ascii_space(text[right])) ++right;
     if (left > start) out.push_back(Segment{text.substr(start, left - start), -1, at_origin && start == 0});
     out.push_back(Segment{"", best->id, false});
     start = i = right;
@@ -86,8 +88,10 @@ void HfTokenizer::Impl::encode_text(const Segment& s, std::vector<int32_t>& out)
   std::string text = s.text;
   if (normalizer) normalizer->apply(text);
   std::vector<Segment> parts;
-  if (normalized_added.empty()) parts.push_back(Segment{std::move(text), -1, s.at_origin});
-  else split_added(text, s.at_origin, normalized_added, parts);
+  if (normalized_added.empty())
+    parts.push_back(Segment{std::move(text), -1, s.at_origin});
+  else
+    split_added(text, s.at_origin, normalized_added, parts);
   for (const Segment& part : parts) {
     if (part.id >= 0) {
       out.push_back(part.id);
@@ -102,9 +106,7 @@ void HfTokenizer::Impl::encode_text(const Segment& s, std::vector<int32_t>& out)
   }
 }
 
-HfTokenizer HfTokenizer::load(const std::string& path) {
-  return parse(io::read_file(path, io::kTokenizerFileBytes, "tokenizer"), path);
-}
+HfTokenizer HfTokenizer::load(const std::string& path) { return parse(io::read_file(path, io::kTokenizerFileBytes, "tokenizer"), path); }
 
 HfTokenizer HfTokenizer::parse(const std::string& json_text, const std::string& name) {
   JsonValue root;
@@ -117,8 +119,9 @@ HfTokenizer HfTokenizer::parse(const std::string& json_text, const std::string& 
     auto impl = std::make_shared<Impl>();
     impl->json = json_text;
     if (!root.is_object()) hf::refuse("the file", "must hold a JSON object");
-    hf::check_fields(root, "the top level",
-                     {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "model", "post_processor", "decoder"});
+    hf::check_fields(
+        root, "the top level",
+        {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "model", "post_processor", "decoder"});
     for (const char* off : {"truncation", "padding"}) {
       const JsonValue* v = root.find(off);
       if (v && !v->is_null()) hf::refuse(off, "only null is supported (frugal encodes whole texts, one at a time)");
@@ -156,7 +159,8 @@ HfTokenizer HfTokenizer::parse(const std::string& json_text, const std::string& 
       AddedToken t;
       const JsonValue& id = hf::need(a, "id", at);
       const JsonValue& content = hf::need(a, "content", at);
-      if (!id.is_integer() || id.as_int() < 0 || id.as_int() >= (int64_t(1) << 31)) hf::refuse(at, "field 'id' must be a non-negative integer");
+      if (!id.is_integer() || id.as_int() < 0 || id.as_int() >= (int64_t(1) << 31))
+        hf::refuse(at, "field 'id' must be a non-negative integer");
       if (!content.is_string() || content.as_string().empty()) hf::refuse(at, "field 'content' must be a non-empty string");
       auto flag = [&](const char* key) {
         const JsonValue* v = a.find(key);
@@ -181,8 +185,10 @@ HfTokenizer HfTokenizer::parse(const std::string& json_text, const std::string& 
     }
     impl->vocab_size = max_id + 1;
     if (impl->vocab_size == 0) hf::refuse("model", "the vocab is empty");
-    for (int32_t id : impl->post.before) if (id >= impl->vocab_size) hf::refuse("post_processor", "id " + std::to_string(id) + " is outside the vocabulary");
-    for (int32_t id : impl->post.after) if (id >= impl->vocab_size) hf::refuse("post_processor", "id " + std::to_string(id) + " is outside the vocabulary");
+    for (int32_t id : impl->post.before)
+      if (id >= impl->vocab_size) hf::refuse("post_processor", "id " + std::to_string(id) + " is outside the vocabulary");
+    for (int32_t id : impl->post.after)
+      if (id >= impl->vocab_size) hf::refuse("post_processor", "id " + std::to_string(id) + " is outside the vocabulary");
     HfTokenizer t;
     t.impl_ = std::move(impl);
     return t;
@@ -203,8 +209,10 @@ std::vector<int32_t> HfTokenizer::encode(const std::string& text, bool add_speci
   std::vector<Impl::Segment> segments;
   Impl::split_added(text, true, impl_->raw_added, segments);
   for (const auto& s : segments) {
-    if (s.id >= 0) out.push_back(s.id);
-    else if (!s.text.empty()) impl_->encode_text(s, out);
+    if (s.id >= 0)
+      out.push_back(s.id);
+    else if (!s.text.empty())
+      impl_->encode_text(s, out);
   }
   if (add_special_tokens) out.insert(out.end(), impl_->post.after.begin(), impl_->post.after.end());
   return out;
@@ -214,7 +222,8 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id < 0 || id >= impl_->vocab_size) throw std::invalid_argument("tokenizer: id " + std::to_string(id) + " is outside the vocabulary");
+    if (id < 0 || id >= impl_->vocab_size)
+      throw std::invalid_argument("tokenizer: id " + std::to_string(id) + " is outside the vocabulary");
     if (skip_special_tokens && impl_->special.count(id)) continue;
     std::string t = id_to_token(id);
     if (t.empty()) throw std::invalid_argument("tokenizer: id " + std::to_string(id) + " has no token");
@@ -234,7 +243,8 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
 int64_t HfTokenizer::vocab_size() const { return impl_->vocab_size; }
 
 int32_t HfTokenizer::token_to_id(const std::string& token) const {
-  for (const auto& kv : impl_->added_by_id) if (kv.second == token) return kv.first;
+  for (const auto& kv : impl_->added_by_id)
+    if (kv.second == token) return kv.first;
   const auto it = impl_->model->vocab().find(token);
   return it == impl_->model->vocab().end() ? -1 : it->second;
 }

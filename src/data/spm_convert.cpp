@@ -22,7 +22,9 @@ struct Reader {
   const unsigned char* p;
   const unsigned char* end;
   const std::string* name;
-  [[noreturn]] void fail() const { throw std::invalid_argument("tokenizer " + *name + " is not a SentencePiece model (its bytes do not parse as one)"); }
+  [[noreturn]] void fail() const {
+    throw std::invalid_argument("tokenizer " + *name + " is not a SentencePiece model (its bytes do not parse as one)");
+  }
   bool done() const { return p >= end; }
   uint64_t varint() {
     uint64_t v = 0;
@@ -41,7 +43,11 @@ struct Reader {
     field = static_cast<uint32_t>(key >> 3);
     switch (key & 7) {
       case 0: number = varint(); break;
-      case 1: if (end - p < 8) fail(); std::memcpy(&number, p, 8); p += 8; break;
+      case 1:
+        if (end - p < 8) fail();
+        std::memcpy(&number, p, 8);
+        p += 8;
+        break;
       case 2: {
         const uint64_t n = varint();
         if (n > static_cast<uint64_t>(end - p)) fail();
@@ -80,7 +86,8 @@ struct SpmModel {
 };
 
 SpmModel parse_model(const std::string& bytes, const std::string& name) {
-  Reader r{reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size(), &name};
+  Reader r{reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size(),
+           &name};
   SpmModel m;
   uint32_t field;
   uint64_t number;
@@ -88,18 +95,24 @@ SpmModel parse_model(const std::string& bytes, const std::string& name) {
   while (r.next(field, number, value)) {
     if (field == 1) {
       SpmPiece p;
-      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(), &name};
+      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(),
+                 &name};
       uint32_t f;
       uint64_t n = 0;
       std::string b;
       while (sub.next(f, n, b)) {
-        if (f == 1) p.piece = b;
-        else if (f == 2) { const auto v = static_cast<uint32_t>(n); std::memcpy(&p.score, &v, 4); }
-        else if (f == 3) p.type = static_cast<int>(n);
+        if (f == 1)
+          p.piece = b;
+        else if (f == 2) {
+          const auto v = static_cast<uint32_t>(n);
+          std::memcpy(&p.score, &v, 4);
+        } else if (f == 3)
+          p.type = static_cast<int>(n);
       }
       m.pieces.push_back(std::move(p));
     } else if (field == 2 || field == 3) {
-      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(), &name};
+      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(),
+                 &name};
       uint32_t f;
       uint64_t n = 0;
       std::string b;
@@ -142,7 +155,8 @@ std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
     throw std::invalid_argument("tokenizer " + model_path + " cannot be written as tokenizer.json: " + why);
   };
   if (pieces.empty()) refuse("it has no pieces");
-  if (model_type != 2) refuse("only BPE models are converted (this one is " + std::string(model_type == 1 ? "unigram" : "word or char") + ")");
+  if (model_type != 2)
+    refuse("only BPE models are converted (this one is " + std::string(model_type == 1 ? "unigram" : "word or char") + ")");
   if (!charsmap.empty()) refuse("its normalization '" + norm_name + "' is not the identity");
   if (remove_extra_whitespaces) refuse("it removes extra whitespace (remove_extra_whitespaces)");
   if (!escape_whitespaces || suffix) refuse("it does not mark word starts with \"▁\" in front");
@@ -221,12 +235,15 @@ std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
   w.key("content").value(" ").end_object();
   w.begin_object().key("type").value("ByteFallback").end_object();
   w.begin_object().key("type").value("Fuse").end_object();
-  if (add_dummy_prefix) w.begin_object().key("type").value("Strip").key("content").value(" ").key("start").value(1).key("stop").value(0).end_object();
+  if (add_dummy_prefix)
+    w.begin_object().key("type").value("Strip").key("content").value(" ").key("start").value(1).key("stop").value(0).end_object();
   w.end_array().end_object();
   w.key("model").begin_object().key("type").value("BPE").key("dropout").null();
   w.key("unk_token");
-  if (unk.empty()) w.null();
-  else w.value(unk);
+  if (unk.empty())
+    w.null();
+  else
+    w.value(unk);
   w.key("continuing_subword_prefix").null().key("end_of_word_suffix").null();
   w.key("fuse_unk").value(true).key("byte_fallback").value(byte_fallback).key("ignore_merges").value(false);
   w.key("vocab").begin_object();

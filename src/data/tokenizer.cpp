@@ -138,7 +138,8 @@ Tokenizer Tokenizer::load_json(const std::string& json_path) {
     // (" word" and "word" both give "▁word", as in `tokenizers`), so a later piece keeps its space.
     for (const char* list : {"normalizers", "pretokenizers"}) {
       if (const io::JsonValue* l = v.find(list); l && l->is_array()) {
-        for (const auto& x : l->items()) if (prepends(x)) return true;
+        for (const auto& x : l->items())
+          if (prepends(x)) return true;
       }
     }
     return false;
@@ -167,18 +168,34 @@ void check_tokenizer_config_fields(const io::JsonValue& config, const std::strin
   // file), added_tokens_decoder (a copy of the tokenizer file's added tokens), and the chat template
   // (the text a chat becomes, not how text becomes ids: data/examples.h reads it for chats, and
   // save_folder writes a string one back).
-  static const std::set<std::string> kNeutral = {
-      "tokenizer_class", "backend", "model_max_length", "padding_side", "truncation_side", "pad_token", "unk_token",
-      "sep_token", "cls_token", "mask_token", "additional_special_tokens", "extra_special_tokens", "added_tokens_decoder",
-      "model_input_names", "chat_template", "name_or_path", "auto_map", "processor_class", "use_default_system_prompt"};
+  static const std::set<std::string> kNeutral = {"tokenizer_class",
+                                                 "backend",
+                                                 "model_max_length",
+                                                 "padding_side",
+                                                 "truncation_side",
+                                                 "pad_token",
+                                                 "unk_token",
+                                                 "sep_token",
+                                                 "cls_token",
+                                                 "mask_token",
+                                                 "additional_special_tokens",
+                                                 "extra_special_tokens",
+                                                 "added_tokens_decoder",
+                                                 "model_input_names",
+                                                 "chat_template",
+                                                 "name_or_path",
+                                                 "auto_map",
+                                                 "processor_class",
+                                                 "use_default_system_prompt"};
   for (const auto& [key, value] : config.members()) {
     if (kHonoured.count(key) || kNeutral.count(key)) continue;
     const bool unset = value.is_null() || (value.is_bool() && !value.as_bool()) || (value.is_object() && value.members().empty());
     // legacy only decides how transformers converts a bare tokenizer.model; with tokenizer.json it is moot.
     if (key == "legacy" && has_tokenizer_json) continue;
     // Neutral when unset: a lower-casing, a prefix space or split special tokens frugal would not apply.
-    if ((key == "do_lower_case" || key == "add_prefix_space" || key == "split_special_tokens" || key == "sp_model_kwargs") && unset) continue;
-    const std::string shown = value.is_bool() ? (value.as_bool() ? "true" : "false")
+    if ((key == "do_lower_case" || key == "add_prefix_space" || key == "split_special_tokens" || key == "sp_model_kwargs") && unset)
+      continue;
+    const std::string shown = value.is_bool()     ? (value.as_bool() ? "true" : "false")
                               : value.is_string() ? "'" + value.as_string() + "'"
                               : value.is_number() ? std::to_string(value.as_double())
                                                   : std::string(value.is_object() ? "an object" : "a list");
@@ -193,9 +210,12 @@ void check_tokenizer_config_fields(const io::JsonValue& config, const std::strin
 Tokenizer Tokenizer::load_folder(const std::string& dir) {
   if (!is_directory(dir)) throw std::invalid_argument("model folder " + dir + " does not exist or is not a folder");
   Tokenizer t;
-  if (io::path_exists(dir + "/tokenizer.json")) t = load_json(dir + "/tokenizer.json");
-  else if (io::path_exists(dir + "/tokenizer.model")) t = load_sentencepiece(dir + "/tokenizer.model");
-  else throw std::invalid_argument("model folder " + dir + " has no tokenizer (neither tokenizer.json nor tokenizer.model)");
+  if (io::path_exists(dir + "/tokenizer.json"))
+    t = load_json(dir + "/tokenizer.json");
+  else if (io::path_exists(dir + "/tokenizer.model"))
+    t = load_sentencepiece(dir + "/tokenizer.model");
+  else
+    throw std::invalid_argument("model folder " + dir + " has no tokenizer (neither tokenizer.json nor tokenizer.model)");
   const std::string config_path = dir + "/tokenizer_config.json";
   if (io::path_exists(config_path)) {
     io::JsonValue config;
@@ -216,7 +236,8 @@ Tokenizer Tokenizer::load_folder(const std::string& dir) {
       const io::JsonValue* content = v->is_object() ? v->find("content") : v;
       if (!content || !content->is_string()) throw std::invalid_argument(config_path + ": " + key + " must be a token string");
       id = t.token_id(content->as_string());
-      if (id < 0) throw std::invalid_argument(config_path + ": " + key + " '" + content->as_string() + "' is not in the tokenizer's vocabulary");
+      if (id < 0)
+        throw std::invalid_argument(config_path + ": " + key + " '" + content->as_string() + "' is not in the tokenizer's vocabulary");
     };
     token("bos_token", t.bos_);
     token("eos_token", t.eos_);
@@ -235,7 +256,8 @@ Tokenizer Tokenizer::load_folder(const std::string& dir) {
   }
   // transformers 5 saves the chat template as chat_template.jinja, which wins over the config's.
   if (io::path_exists(dir + "/chat_template.jinja")) t.chat_template_ = io::read_file(dir + "/chat_template.jinja", io::kMetadataFileBytes);
-  if (t.eos_ < 0) throw std::invalid_argument("tokenizer in " + dir + " has no end-of-sequence token (set eos_token in tokenizer_config.json)");
+  if (t.eos_ < 0)
+    throw std::invalid_argument("tokenizer in " + dir + " has no end-of-sequence token (set eos_token in tokenizer_config.json)");
   if (t.add_bos_ && t.bos_ < 0) t.add_bos_ = false;
   if (t.add_eos_ && t.eos_ < 0) t.add_eos_ = false;
   return t;
@@ -366,9 +388,9 @@ namespace {
 // transformers' clean_up_tokenization_spaces: the space a word-level tokenizer left before
 // punctuation and English contractions is dropped (" ." -> ".", " n't" -> "n't", ...).
 std::string clean_up_tokenization_spaces(std::string text) {
-  static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
-      {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  static const std::pair<const char*, const char*> kRules[] = {{" .", "."},     {" ?", "?"},     {" !", "!"},   {" ,", ","},
+                                                               {" ' ", "'"},    {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"},
+                                                               {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) {
     const std::string f(from), t(to);
     std::string out;
@@ -405,8 +427,7 @@ std::string Tokenizer::decode_raw(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
-                     const TokenizerTrainOptions& options) {
+void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix, const TokenizerTrainOptions& options) {
   if (documents.empty()) throw std::invalid_argument("tokenizer: no text to train on");
   if (options.vocab_size() < 16) throw std::invalid_argument("tokenizer: vocab_size must be at least 16");
   if (options.model_type() != "bpe" && options.model_type() != "unigram") {
@@ -428,8 +449,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
     if (!out) throw std::runtime_error("tokenizer: cannot write the temporary corpus file " + corpus_path);
   }
   const std::string args = std::string("--input=") + corpus_path + " --model_prefix=" + model_prefix +
-                           " --vocab_size=" + std::to_string(options.vocab_size()) +
-                           " --model_type=" + options.model_type() +
+                           " --vocab_size=" + std::to_string(options.vocab_size()) + " --model_type=" + options.model_type() +
                            " --character_coverage=" + std::to_string(options.character_coverage()) +
                            " --byte_fallback=" + (options.byte_fallback() ? "true" : "false") +
                            " --input_sentence_size=" + std::to_string(options.max_sentences()) +
@@ -491,8 +511,9 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
       why = log.substr(at + tag.size());
       why = io::printable(why.substr(0, why.find('\n')), 300);
     } else if (spawn_rc == 0) {
-      why = "the trainer stopped (" + (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
-                                                            : "exit status " + std::to_string(WEXITSTATUS(status))) + ")";
+      why = "the trainer stopped (" +
+            (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : "exit status " + std::to_string(WEXITSTATUS(status))) +
+            ")";
     }
     // What SentencePiece refuses is the input's fault (too few characters for the vocabulary...).
     if (at != std::string::npos) throw std::invalid_argument("tokenizer: training on the corpus failed: " + why);

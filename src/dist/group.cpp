@@ -294,10 +294,12 @@ std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::millis
     }
     if (!something_listens(env.master_addr, env.master_port)) {
       throw std::runtime_error("rank " + std::to_string(env.rank) + " could not reach the rendezvous store at " + where + " within " +
-                               seconds + ": nothing accepts connections there (is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?)");
+                               seconds +
+                               ": nothing accepts connections there (is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?)");
     }
-    throw std::runtime_error("rank " + std::to_string(env.rank) + " connected to " + where + " but no rendezvous store answered there within " +
-                             seconds + ": what listens there is not rank 0's c10d store (are MASTER_ADDR and MASTER_PORT right?)");
+    throw std::runtime_error("rank " + std::to_string(env.rank) + " connected to " + where +
+                             " but no rendezvous store answered there within " + seconds +
+                             ": what listens there is not rank 0's c10d store (are MASTER_ADDR and MASTER_PORT right?)");
   }
   try {
     auto options = c10d::ProcessGroupGloo::Options::create();
@@ -310,8 +312,8 @@ std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::millis
     }
     options->timeout = timeout;
     options->threads = 2;
-    g->impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(g->impl_->store, static_cast<int>(env.rank),
-                                                                 static_cast<int>(env.world_size), options);
+    g->impl_->gloo =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(g->impl_->store, static_cast<int>(env.rank), static_cast<int>(env.world_size), options);
   } catch (const std::exception& e) {
     throw std::runtime_error("rank " + std::to_string(env.rank) + " could not connect to the other ranks (Gloo, rendezvous at " + where +
                              "): " + first_line(e));
@@ -319,8 +321,8 @@ std::shared_ptr<Group> Group::create(const Environment& env, std::chrono::millis
   if (device.is_cuda()) {
     g->impl_->nccl = make_nccl_backend(g->impl_->store, static_cast<int>(env.rank), static_cast<int>(env.world_size), timeout);
     if (!g->impl_->nccl) {
-      throw std::invalid_argument("data parallel on " + device.str() + " needs NCCL, which this LibTorch build (" TORCH_VERSION
-                                  ", CPU) does not have");
+      throw std::invalid_argument("data parallel on " + device.str() +
+                                  " needs NCCL, which this LibTorch build (" TORCH_VERSION ", CPU) does not have");
     }
   }
   return g;
@@ -337,8 +339,8 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const Environment& env
   } catch (const std::exception& e) {
     const std::string suspect = env.world_size == 2 ? "rank " + std::to_string(1 - env.rank) : "another rank";
     throw CollectiveError("rank " + std::to_string(env.rank) + ": " + what + " failed: " + first_line(e) + " (" + suspect +
-                          " has probably died or stopped answering; collectives time out after " +
-                          std::to_string(timeout.count() / 1000) + " s)");
+                          " has probably died or stopped answering; collectives time out after " + std::to_string(timeout.count() / 1000) +
+                          " s)");
   }
 }
 
@@ -394,8 +396,8 @@ Group::Wait Group::broadcast_async(const at::Tensor& t, int64_t root, const std:
 }
 
 void Group::allreduce_sum(const at::Tensor& t, const std::string& what) {
-  TORCH_CHECK(summable(t.scalar_type()) && t.is_contiguous(),
-              "dist: ", what, ": allreduce_sum takes a dense tensor of fp32, fp64, int32 or int64");
+  TORCH_CHECK(summable(t.scalar_type()) && t.is_contiguous(), "dist: ", what,
+              ": allreduce_sum takes a dense tensor of fp32, fp64, int32 or int64");
   std::vector<at::Tensor> list{t};
   auto work = impl_->for_tensor(t, what).allreduce(list);
   traffic_.allreduce_bytes += t.numel() * static_cast<int64_t>(t.element_size());
@@ -426,7 +428,8 @@ void Group::release_finished(bool wait) {
   auto& finished = impl_->finished;
   for (size_t i = 0; i < finished.size();) {
     // use_count 1: only this list holds it, so destroying it here frees its tensors here.
-    for (int spins = 0; wait && finished[i].use_count() > 1 && spins < 100000; ++spins) std::this_thread::sleep_for(std::chrono::microseconds(10));
+    for (int spins = 0; wait && finished[i].use_count() > 1 && spins < 100000; ++spins)
+      std::this_thread::sleep_for(std::chrono::microseconds(10));
     if (finished[i].use_count() == 1) {
       finished[i] = std::move(finished.back());
       finished.pop_back();

@@ -88,7 +88,8 @@ LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const
   for (const std::string& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::vector<pid_t> pids;
-  struct sigaction forward {}, old_int {}, old_term {};
+  struct sigaction forward {
+  }, old_int{}, old_term{};
   forward.sa_handler = remember_signal;
   ::sigaction(SIGINT, &forward, &old_int);
   ::sigaction(SIGTERM, &forward, &old_term);
@@ -127,8 +128,9 @@ LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const
   std::string list;
   for (size_t i = 0; i < pids.size(); ++i) list += (i ? ", " : "") + std::to_string(pids[i]);
   log("started " + std::to_string(o.nproc) + " ranks on 127.0.0.1:" + std::to_string(env.master_port) + " (pids " + list + ")" +
-      (o.nproc == 1 ? std::string() : o.nproc == 2 ? "; rank 1 logs to " + o.log_dir + "/rank-1.log"
-                                                   : "; ranks 1-" + std::to_string(o.nproc - 1) + " log to " + o.log_dir + "/rank-R.log"));
+      (o.nproc == 1   ? std::string()
+       : o.nproc == 2 ? "; rank 1 logs to " + o.log_dir + "/rank-1.log"
+                      : "; ranks 1-" + std::to_string(o.nproc - 1) + " log to " + o.log_dir + "/rank-R.log"));
 
   std::vector<bool> running(pids.size(), true);
   size_t left = pids.size();
@@ -142,7 +144,10 @@ LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const
       const pid_t done = ::waitpid(-1, &status, WNOHANG);
       if (done > 0) {
         for (size_t i = 0; i < pids.size(); ++i) {
-          if (pids[i] == done && running[i]) { running[i] = false; --left; }
+          if (pids[i] == done && running[i]) {
+            running[i] = false;
+            --left;
+          }
         }
         continue;
       }
@@ -180,8 +185,9 @@ LaunchResult launch_local(const LaunchOptions& o, const std::function<void(const
       result.failed_rank = static_cast<int64_t>(rank);
       result.failure = "rank " + std::to_string(rank) + " " + describe_status(status);
       result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-      if (left > 0) log(result.failure + (rank > 0 ? " (its log: " + o.log_dir + "/rank-" + std::to_string(rank) + ".log)" : "") +
-                        "; stopping the other ranks");
+      if (left > 0)
+        log(result.failure + (rank > 0 ? " (its log: " + o.log_dir + "/rank-" + std::to_string(rank) + ".log)" : "") +
+            "; stopping the other ranks");
       stop_others();
     }
   }

@@ -3,9 +3,9 @@
 
 #include "backend.h"
 
-extern "C" __attribute__((visibility("default"))) void frugal_cuda_make_nccl_backend(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
-    c10::intrusive_ptr<frugal::dist::BackendBase>* out) {
+extern "C" __attribute__((visibility("default"))) void frugal_cuda_make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                                                     int size, int64_t timeout_ms,
+                                                                                     c10::intrusive_ptr<frugal::dist::BackendBase>* out) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = std::chrono::milliseconds(timeout_ms);
   // Its own key space in the store, beside Gloo's.

@@ -46,7 +46,8 @@ ShardedExchange::ShardedExchange(std::shared_ptr<Group> group, Ownership owners,
     : group_(std::move(group)), owners_(std::move(owners)), names_(std::move(names)) {
   TORCH_CHECK(owners_.size() == names_.size(), "dist: ", owners_.size(), " owners for ", names_.size(), " parameters");
   for (const auto& slices : owners_) {
-    for (const Slice& s : slices) TORCH_CHECK(s.rank >= 0 && s.rank < group_->size(), "dist: owner rank ", s.rank, " outside the world of ", group_->size());
+    for (const Slice& s : slices)
+      TORCH_CHECK(s.rank >= 0 && s.rank < group_->size(), "dist: owner rank ", s.rank, " outside the world of ", group_->size());
   }
 }
 

@@ -35,9 +35,7 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
-std::string named(const std::string& what, const std::string& path) {
-  return (what.empty() ? "" : what + " ") + printable(path, 4096);
-}
+std::string named(const std::string& what, const std::string& path) { return (what.empty() ? "" : what + " ") + printable(path, 4096); }
 
 [[noreturn]] void refuse_kind(const std::string& what, const std::string& path, mode_t mode) {
   const std::string kind = kind_of(mode);
@@ -175,7 +173,10 @@ bool pid_is_dead(const std::string& digits) {
 ReadableFile::~ReadableFile() { close(); }
 
 ReadableFile::ReadableFile(ReadableFile&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), size_(other.size_), offset_(other.offset_), path_(std::move(other.path_)),
+    : fd_(std::exchange(other.fd_, -1)),
+      size_(other.size_),
+      offset_(other.offset_),
+      path_(std::move(other.path_)),
       what_(std::move(other.what_)) {}
 
 ReadableFile& ReadableFile::operator=(ReadableFile&& other) noexcept {
@@ -230,7 +231,8 @@ ReadableFile open_regular_file(const std::string& path, const std::string& what)
     const ssize_t n = ::pread(f.fd_, &probe, 1, 0);
     if (n < 0) throw std::invalid_argument(named(what, path) + " cannot be read: " + std::strerror(errno));
     if (n > 0) {
-      throw std::invalid_argument(named(what, path) + " has no size the system knows (a file such as those under /proc); copy it to a regular file");
+      throw std::invalid_argument(named(what, path) +
+                                  " has no size the system knows (a file such as those under /proc); copy it to a regular file");
     }
   }
   const int flags = ::fcntl(f.fd_, F_GETFL);
@@ -267,10 +269,14 @@ size_t printable_utf8(const unsigned char* p, size_t n) {
   const unsigned char c = p[0];
   size_t len = 0;
   uint32_t cp = 0;
-  if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F;
-  else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F;
-  else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07;
-  else return 0;
+  if (c >= 0xC2 && c <= 0xDF)
+    len = 2, cp = c & 0x1F;
+  else if (c >= 0xE0 && c <= 0xEF)
+    len = 3, cp = c & 0x0F;
+  else if (c >= 0xF0 && c <= 0xF4)
+    len = 4, cp = c & 0x07;
+  else
+    return 0;
   if (len > n) return 0;
   for (size_t i = 1; i < len; ++i) {
     if ((p[i] & 0xC0) != 0x80) return 0;

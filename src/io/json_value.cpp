@@ -101,9 +101,7 @@ class Parser {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw JsonError("JSON: " + what + " at byte " + std::to_string(pos_));
-  }
+  [[noreturn]] void fail(const std::string& what) const { throw JsonError("JSON: " + what + " at byte " + std::to_string(pos_)); }
   void skip_space() {
     while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
   }
@@ -194,7 +192,6 @@ class Parser {
       fail("expected ',' or ']'");
     }
   }
-
 
   uint32_t parse_hex4() {
     if (pos_ + 4 > s_.size()) fail("short \\u escape");

@@ -74,13 +74,9 @@ std::optional<double> to_double(const std::string& text) {
   return v;
 }
 
-std::string int_range(int64_t min, int64_t max) {
-  return "an integer from " + std::to_string(min) + " to " + std::to_string(max);
-}
+std::string int_range(int64_t min, int64_t max) { return "an integer from " + std::to_string(min) + " to " + std::to_string(max); }
 
-std::string double_range(double min, double max) {
-  return "a number from " + format_double(min) + " to " + format_double(max);
-}
+std::string double_range(double min, double max) { return "a number from " + format_double(min) + " to " + format_double(max); }
 
 std::string quote_text(const std::string& text) {
   constexpr size_t kShown = 40;

@@ -7,9 +7,8 @@ namespace frugal {
 namespace io {
 namespace {
 
-constexpr char PROTO = '\x80', MARK = '(', EMPTY_DICT = '}', SETITEMS = 'u', EMPTY_LIST = ']', APPENDS = 'e',
-               BININT = 'J', LONG1 = '\x8a', BINUNICODE = 'X', BINFLOAT = 'G', NONE = 'N', NEWTRUE = '\x88',
-               NEWFALSE = '\x89', TUPLE2 = '\x86', STOP = '.';
+constexpr char PROTO = '\x80', MARK = '(', EMPTY_DICT = '}', SETITEMS = 'u', EMPTY_LIST = ']', APPENDS = 'e', BININT = 'J', LONG1 = '\x8a',
+               BINUNICODE = 'X', BINFLOAT = 'G', NONE = 'N', NEWTRUE = '\x88', NEWFALSE = '\x89', TUPLE2 = '\x86', STOP = '.';
 constexpr int64_t kBatch = 1000;
 
 void put_le32(std::string& out, uint32_t v) {

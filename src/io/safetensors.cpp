@@ -111,8 +111,7 @@ SafetensorsHeader parse_safetensors_header(const std::string& json, uint64_t dat
     e.begin = static_cast<uint64_t>(b.as_int());
     e.end = static_cast<uint64_t>(en.as_int());
     if (e.end > data_bytes) {
-      fail("tensor '" + shown + "' ends at byte " + std::to_string(e.end) + " but the data section has " +
-           std::to_string(data_bytes));
+      fail("tensor '" + shown + "' ends at byte " + std::to_string(e.end) + " but the data section has " + std::to_string(data_bytes));
     }
     const uint64_t expected = checked_mul(numel, c10::elementSize(e.dtype), shown);
     if (e.end - e.begin != expected) {

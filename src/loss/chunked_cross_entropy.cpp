@@ -48,16 +48,15 @@ void logits_into(at::Tensor out, at::Tensor low, const at::Tensor& h, const at::
 
 // A chunk's forward on its fp32 logits (n, V): each row's log-sum-exp into lse (n) and the
 // summed loss of its counted rows into sum. On the CPU in one fused kernel (cross_entropy_rows.h).
-void forward_rows(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index, at::Tensor lse,
-                  LossSum& sum) {
+void forward_rows(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index, at::Tensor lse, LossSum& sum) {
   if (logits.is_cpu()) {
     sum.add(cross_entropy_rows_forward(logits.data_ptr<float>(), logits.size(0), logits.size(1), logits.stride(0),
                                        targets.data_ptr<int64_t>(), ignore_index, lse.data_ptr<float>()));
     return;
   }
-  const at::Tensor valid = targets != ignore_index;             // (n) bool
-  const at::Tensor safe = targets.masked_fill(~valid, 0);       // (n) in [0, V)
-  const at::Tensor row_lse = at::logsumexp(logits, 1);          // (n)
+  const at::Tensor valid = targets != ignore_index;        // (n) bool
+  const at::Tensor safe = targets.masked_fill(~valid, 0);  // (n) in [0, V)
+  const at::Tensor row_lse = at::logsumexp(logits, 1);     // (n)
   lse.copy_(row_lse);
   const at::Tensor picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1);
   sum.add(((row_lse - picked) * valid).sum(at::kDouble));
@@ -66,20 +65,19 @@ void forward_rows(const at::Tensor& logits, const at::Tensor& targets, int64_t i
 // A chunk's d loss / d logits into grad (n, V; it may be logits itself): (softmax - onehot(target))
 // * scale, zeros for ignored tokens. scale: a 0-dim fp32 tensor on the logits' device, and its
 // value when that is the CPU.
-void backward_rows(const at::Tensor& logits, at::Tensor grad, const at::Tensor& targets, int64_t ignore_index,
-                   const at::Tensor& lse, const at::Tensor& scale, float cpu_scale) {
+void backward_rows(const at::Tensor& logits, at::Tensor grad, const at::Tensor& targets, int64_t ignore_index, const at::Tensor& lse,
+                   const at::Tensor& scale, float cpu_scale) {
   if (logits.is_cpu()) {
-    cross_entropy_rows_backward(logits.data_ptr<float>(), grad.data_ptr<float>(), logits.size(0), logits.size(1),
-                                logits.stride(0), targets.data_ptr<int64_t>(), ignore_index, lse.data_ptr<float>(),
-                                cpu_scale);
+    cross_entropy_rows_backward(logits.data_ptr<float>(), grad.data_ptr<float>(), logits.size(0), logits.size(1), logits.stride(0),
+                                targets.data_ptr<int64_t>(), ignore_index, lse.data_ptr<float>(), cpu_scale);
     return;
   }
   const at::Tensor valid = targets != ignore_index;
-  const at::Tensor v = valid.to(at::kFloat).unsqueeze(1);                    // (n, 1)
+  const at::Tensor v = valid.to(at::kFloat).unsqueeze(1);  // (n, 1)
   if (!grad.is_same(logits)) grad.copy_(logits);
-  grad.sub_(lse.unsqueeze(1)).exp_();                                       // softmax
-  grad.scatter_add_(1, targets.masked_fill(~valid, 0).unsqueeze(1), -v);    // - onehot
-  grad.mul_(at::where(valid, scale, at::zeros_like(scale)).unsqueeze(1));   // 0, not 0 * inf, where ignored
+  grad.sub_(lse.unsqueeze(1)).exp_();                                      // softmax
+  grad.scatter_add_(1, targets.masked_fill(~valid, 0).unsqueeze(1), -v);   // - onehot
+  grad.mul_(at::where(valid, scale, at::zeros_like(scale)).unsqueeze(1));  // 0, not 0 * inf, where ignored
 }
 
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
@@ -89,8 +87,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
   // and the loss in fp32. keep_logits (with chunk >= N): the (N, V) logits are kept for backward
   // instead of being made again there.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                               const c10::optional<at::Tensor>& maybe_bias, const at::Tensor& targets, int64_t chunk,
-                               int64_t ignore_index, bool mean, int64_t count, bool keep_logits) {
+                               const c10::optional<at::Tensor>& maybe_bias, const at::Tensor& targets, int64_t chunk, int64_t ignore_index,
+                               bool mean, int64_t count, bool keep_logits) {
     const at::Tensor bias = maybe_bias.has_value() ? *maybe_bias : at::Tensor();
     const at::ScalarType compute = checkpoint::compute_dtype_for(weight);
     // The products' dtype is fixed here and in backward, whatever autocast state either runs under.
@@ -105,13 +103,11 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     for (int64_t begin = 0; begin < N; begin += chunk) {
       const int64_t end = std::min(N, begin + chunk), n = end - begin;
       const at::Tensor l = logits.narrow(0, 0, n);
-      logits_into(l, low.defined() ? low.narrow(0, 0, n) : low, in_dtype(hidden.slice(0, begin, end), compute), w,
-                  bias);
+      logits_into(l, low.defined() ? low.narrow(0, 0, n) : low, in_dtype(hidden.slice(0, begin, end), compute), w, bias);
       forward_rows(l, targets.slice(0, begin, end), ignore_index, lse.slice(0, begin, end), total);
     }
     low.reset();
-    ctx->save_for_backward({hidden, weight, bias.defined() ? bias : at::Tensor(), targets, lse,
-                            keep_logits ? logits : at::Tensor()});
+    ctx->save_for_backward({hidden, weight, bias.defined() ? bias : at::Tensor(), targets, lse, keep_logits ? logits : at::Tensor()});
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["mean"] = mean;
     ctx->saved_data["has_bias"] = bias.defined();
@@ -151,9 +147,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       const auto f32 = weight.options().dtype(at::kFloat);
       grad_weight = compute == at::kFloat ? at::empty(weight.sizes(), f32) : at::zeros(weight.sizes(), f32);
     }
-    at::Tensor grad_bias = (bias.defined() && ctx->needs_input_grad(2))
-                               ? at::zeros(bias.sizes(), bias.options().dtype(at::kFloat))
-                               : at::Tensor();
+    at::Tensor grad_bias =
+        (bias.defined() && ctx->needs_input_grad(2)) ? at::zeros(bias.sizes(), bias.options().dtype(at::kFloat)) : at::Tensor();
     // One chunk's d loss / d logits in fp32 (the logits themselves when they are made here), and in
     // the compute dtype for the products; both reused by every chunk.
     at::Tensor p_buffer = at::empty({rows, V}, hidden.options().dtype(at::kFloat));
@@ -161,7 +156,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     for (int64_t begin = 0; begin < N; begin += chunk) {
       const int64_t end = std::min(N, begin + chunk), n = end - begin;
       const at::Tensor h = in_dtype(hidden.slice(0, begin, end), compute);  // (n, H)
-      at::Tensor p = p_buffer.narrow(0, 0, n);                               // (n, V)
+      at::Tensor p = p_buffer.narrow(0, 0, n);                              // (n, V)
       const at::Tensor low = low_buffer.defined() ? low_buffer.narrow(0, 0, n) : low_buffer;
       const at::Tensor t = targets.slice(0, begin, end);
       const at::Tensor chunk_lse = lse.slice(0, begin, end);
@@ -187,7 +182,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       }
       if (grad_w) {
         if (one_chunk) {
-          grad_weight = p_c.t().mm(h);                    // (V, H)
+          grad_weight = p_c.t().mm(h);  // (V, H)
         } else if (compute == at::kFloat) {
           if (begin == 0) {
             at::mm_out(grad_weight, p.t(), h);
@@ -201,21 +196,18 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     }
     if (grad_weight.defined()) grad_weight = grad_weight.to(weight.scalar_type());
     if (grad_bias.defined()) grad_bias = grad_bias.to(bias.scalar_type());
-    return {grad_hidden, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(),  at::Tensor()};
+    return {grad_hidden, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // Checks the arguments and runs the Function: chunk tokens at a time, or all of them with their
 // logits kept.
-at::Tensor run(const char* name, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-               const at::Tensor& targets, const ChunkedCrossEntropyOptions& options, bool keep_logits) {
+at::Tensor run(const char* name, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& targets,
+               const ChunkedCrossEntropyOptions& options, bool keep_logits) {
   TORCH_CHECK(options.chunk_size() >= 1, name, ": chunk_size must be >= 1, got ", options.chunk_size());
   TORCH_CHECK(weight.dim() == 2, name, ": weight must be (vocabulary, hidden), got ", weight.sizes());
-  TORCH_CHECK(hidden.size(-1) == weight.size(1), name, ": hidden size ", hidden.size(-1),
-              " differs from the weight's ", weight.size(1));
-  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
-              name, ": bias must be (", weight.size(0), ")");
+  TORCH_CHECK(hidden.size(-1) == weight.size(1), name, ": hidden size ", hidden.size(-1), " differs from the weight's ", weight.size(1));
+  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), name, ": bias must be (", weight.size(0), ")");
   TORCH_CHECK(targets.scalar_type() == at::kLong, name, ": targets must be int64, got ", targets.scalar_type());
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});  // (N, H)
   const at::Tensor t = targets.reshape({-1}).contiguous();     // (N)
@@ -238,34 +230,33 @@ at::Tensor run(const char* name, const at::Tensor& hidden, const at::Tensor& wei
   TORCH_CHECK(in_range, name, ": targets must be in [0, ", V, ") or equal ignore_index ", ignore);
   const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
   const int64_t chunk = keep_logits ? std::max<int64_t>(N, 1) : options.chunk_size();
-  return ChunkedCrossEntropy::apply(h, weight, maybe_bias, t, chunk, ignore, options.reduction() == Reduction::mean,
-                                    count, keep_logits)[0];
+  return ChunkedCrossEntropy::apply(h, weight, maybe_bias, t, chunk, ignore, options.reduction() == Reduction::mean, count, keep_logits)[0];
 }
 
 }  // namespace
 
-at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                                 const at::Tensor& targets, const ChunkedCrossEntropyOptions& options) {
+at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& targets,
+                                 const ChunkedCrossEntropyOptions& options) {
   return run("chunked_cross_entropy", hidden, weight, bias, targets, options, false);
 }
 
-at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                                const at::Tensor& targets, const ChunkedCrossEntropyOptions& options) {
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& targets,
+                                const ChunkedCrossEntropyOptions& options) {
   return run("linear_cross_entropy", hidden, weight, bias, targets, options, true);
 }
 
 namespace {
 
 // chunk_size >= N with kept logits: linear_cross_entropy.
-ChunkedCrossEntropyBytes loss_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size, bool keep_logits,
-                                    at::ScalarType dtype, std::optional<at::ScalarType> compute_dtype) {
+ChunkedCrossEntropyBytes loss_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size, bool keep_logits, at::ScalarType dtype,
+                                    std::optional<at::ScalarType> compute_dtype) {
   const at::ScalarType compute = compute_dtype.value_or(dtype);
   const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
   const int64_t ce = static_cast<int64_t>(c10::elementSize(compute));
   const int64_t n = std::min(chunk_size, N);
   const bool one_chunk = N <= chunk_size;
-  const int64_t weight_copy = compute == dtype ? 0 : V * H * ce;           // the weight in the compute dtype
-  const int64_t low_precision = compute == at::kFloat ? 0 : n * V * ce;   // a chunk's product, or gradient, in it
+  const int64_t weight_copy = compute == dtype ? 0 : V * H * ce;         // the weight in the compute dtype
+  const int64_t low_precision = compute == at::kFloat ? 0 : n * V * ce;  // a chunk's product, or gradient, in it
   ChunkedCrossEntropyBytes b;
   b.kept = N * 4 + (keep_logits ? N * V * 4 : 0);  // lse (fp32); the targets are the caller's
   // the buffer of one chunk's fp32 logits (kept, with keep_logits) and of its product
@@ -288,8 +279,8 @@ ChunkedCrossEntropyBytes loss_bytes(int64_t N, int64_t H, int64_t V, int64_t chu
 
 }  // namespace
 
-ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size,
-                                                     at::ScalarType dtype, std::optional<at::ScalarType> compute_dtype) {
+ChunkedCrossEntropyBytes chunked_cross_entropy_bytes(int64_t N, int64_t H, int64_t V, int64_t chunk_size, at::ScalarType dtype,
+                                                     std::optional<at::ScalarType> compute_dtype) {
   return loss_bytes(N, H, V, chunk_size, false, dtype, compute_dtype);
 }
 

@@ -32,8 +32,7 @@ constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2Hi = 0.693359375f;
 constexpr float kLn2Lo = -2.12194440e-4f;
 constexpr float kExpMin = -87.3365402f;  // ln of the smallest normal float
-constexpr float kC2 = 1.0f / 2, kC3 = 1.0f / 6, kC4 = 1.0f / 24, kC5 = 1.0f / 120, kC6 = 1.0f / 720,
-                kC7 = 1.0f / 5040;
+constexpr float kC2 = 1.0f / 2, kC3 = 1.0f / 6, kC4 = 1.0f / 24, kC5 = 1.0f / 120, kC6 = 1.0f / 720, kC7 = 1.0f / 5040;
 // Adding 1.5 * 2^23 to a float of magnitude below 2^22 rounds it to an integer (to nearest, ties
 // to even) held in the low bits of the sum's significand.
 constexpr float kRoundMagic = 12582912.0f;
@@ -196,8 +195,7 @@ FRUGAL_AVX512 inline float reduce_add16(__m512 v) {
 // exp_nonpositive, 16 lanes.
 FRUGAL_AVX512 inline __m512 exp_nonpositive_avx512(__m512 x) {
   const __mmask16 all = kAllLanes;
-  const __m512 n = _mm512_maskz_roundscale_ps(all, _mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n = _mm512_maskz_roundscale_ps(all, _mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
   __m512 p = _mm512_set1_ps(kC7);
@@ -208,8 +206,7 @@ FRUGAL_AVX512 inline __m512 exp_nonpositive_avx512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC2));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i bits =
-      _mm512_maskz_slli_epi32(all, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(all, n), _mm512_set1_epi32(127)), 23);
+  const __m512i bits = _mm512_maskz_slli_epi32(all, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(all, n), _mm512_set1_epi32(127)), 23);
   const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_NLT_UQ);  // true for NaN
   return _mm512_maskz_mul_ps(kept, p, _mm512_castsi512_ps(bits));
 }
@@ -280,13 +277,10 @@ struct RowFunctions {
 RowFunctions functions_for(RowKernel kernel) {
   switch (resolve_row_kernel(kernel)) {
 #if FRUGAL_X86_KERNELS
-    case RowKernel::avx512:
-      return {row_max_avx512, row_sum_exp_avx512, row_exp_scale_avx512};
-    case RowKernel::avx2:
-      return {row_max_avx2, row_sum_exp_avx2, row_exp_scale_avx2};
+    case RowKernel::avx512: return {row_max_avx512, row_sum_exp_avx512, row_exp_scale_avx512};
+    case RowKernel::avx2: return {row_max_avx2, row_sum_exp_avx2, row_exp_scale_avx2};
 #endif
-    default:
-      return {row_max_portable, row_sum_exp_portable, row_exp_scale_portable};
+    default: return {row_max_portable, row_sum_exp_portable, row_exp_scale_portable};
   }
 }
 
@@ -309,8 +303,8 @@ RowKernel resolve_row_kernel(RowKernel kernel) {
   return chosen;
 }
 
-double cross_entropy_rows_forward(const float* logits, int64_t n, int64_t V, int64_t stride, const int64_t* targets,
-                                  int64_t ignore_index, float* lse, RowKernel kernel) {
+double cross_entropy_rows_forward(const float* logits, int64_t n, int64_t V, int64_t stride, const int64_t* targets, int64_t ignore_index,
+                                  float* lse, RowKernel kernel) {
   TORCH_CHECK(row_kernel_available(kernel), "cross_entropy_rows_forward: this processor cannot run the kernel asked for");
   const RowFunctions f = functions_for(kernel);
   std::vector<double> row_loss(static_cast<size_t>(n));
@@ -334,9 +328,8 @@ double cross_entropy_rows_forward(const float* logits, int64_t n, int64_t V, int
   return total;
 }
 
-void cross_entropy_rows_backward(const float* logits, float* grad, int64_t n, int64_t V, int64_t stride,
-                                 const int64_t* targets, int64_t ignore_index, const float* lse, float scale,
-                                 RowKernel kernel) {
+void cross_entropy_rows_backward(const float* logits, float* grad, int64_t n, int64_t V, int64_t stride, const int64_t* targets,
+                                 int64_t ignore_index, const float* lse, float scale, RowKernel kernel) {
   TORCH_CHECK(row_kernel_available(kernel), "cross_entropy_rows_backward: this processor cannot run the kernel asked for");
   const RowFunctions f = functions_for(kernel);
   at::parallel_for(0, n, grain_rows(V), [&](int64_t begin, int64_t end) {

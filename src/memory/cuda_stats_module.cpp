@@ -15,8 +15,7 @@ bool device_exists(int device_index, std::string& reason) {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) void frugal_cuda_memory_stats(int device_index,
-                                                                                frugal::memory::CudaMemoryStats* s) {
+extern "C" __attribute__((visibility("default"))) void frugal_cuda_memory_stats(int device_index, frugal::memory::CudaMemoryStats* s) {
   if (!device_exists(device_index, s->unavailable_reason)) return;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_index));
   // StatType::AGGREGATE (every pool) is entry 0; the enum moved namespaces in 2.x (c10::CachingAllocator

@@ -101,8 +101,7 @@ std::string capture_note(const Trace& t) {
   for (int64_t s : kept) {
     if (s >= 0) kept_steps.push_back(s);
   }
-  const bool all_kept = std::all_of(t.steps.begin(), t.steps.end(),
-                                    [&](const Tracker::StepSummary& s) { return kept.count(s.step) > 0; });
+  const bool all_kept = std::all_of(t.steps.begin(), t.steps.end(), [&](const Tracker::StepSummary& s) { return kept.count(s.step) > 0; });
   if (all_kept) return "";
   if (kept_steps.empty()) return "The trace has summaries of " + std::to_string(t.steps.size()) + " steps but no events of any.";
   return "Events were kept for " + list_steps(kept_steps) + " of " + std::to_string(t.steps.size()) +
@@ -127,8 +126,8 @@ TraceView view_trace(const Trace& trace, size_t buckets) {
   TraceView v;
   v.n_events = events.size();
   if (!events.empty()) {
-    const auto [lo, hi] = std::minmax_element(events.begin(), events.end(),
-                                              [](const MemoryEvent& a, const MemoryEvent& b) { return a.time_us < b.time_us; });
+    const auto [lo, hi] =
+        std::minmax_element(events.begin(), events.end(), [](const MemoryEvent& a, const MemoryEvent& b) { return a.time_us < b.time_us; });
     v.start_us = lo->time_us;
     v.end_us = hi->time_us;
   }

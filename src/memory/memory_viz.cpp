@@ -58,17 +58,31 @@ std::string memory_viz_pickle(const Trace& trace) {
   io::PickleWriter p;
   auto entry = [&](const char* action, const MemoryEvent& e) {
     // The frame is what the viewer shows beside a block on hover: frugal's category, phase and step.
-    const std::string where = std::string("category=") + category_name(e.category) + " phase=" + phase_name(e.phase) +
-                              " step=" + std::to_string(e.step);
+    const std::string where =
+        std::string("category=") + category_name(e.category) + " phase=" + phase_name(e.phase) + " step=" + std::to_string(e.step);
     p.begin_dict()
-        .key("action").value(action)
-        .key("addr").value(static_cast<int64_t>(e.addr))
-        .key("size").value(e.bytes)
-        .key("stream").value(int64_t{0})
-        .key("time_us").value(trace.start_unix_us + e.time_us)
-        .key("category").value(category_name(e.category))
-        .key("frames").begin_list()
-        .begin_dict().key("filename").value("frugal").key("line").value(e.step).key("name").value(where).end_dict()
+        .key("action")
+        .value(action)
+        .key("addr")
+        .value(static_cast<int64_t>(e.addr))
+        .key("size")
+        .value(e.bytes)
+        .key("stream")
+        .value(int64_t{0})
+        .key("time_us")
+        .value(trace.start_unix_us + e.time_us)
+        .key("category")
+        .value(category_name(e.category))
+        .key("frames")
+        .begin_list()
+        .begin_dict()
+        .key("filename")
+        .value("frugal")
+        .key("line")
+        .value(e.step)
+        .key("name")
+        .value(where)
+        .end_dict()
         .end_list()
         .end_dict();
   };
@@ -97,33 +111,54 @@ std::string memory_viz_pickle(const Trace& trace) {
     std::sort(r.begin(), r.end(), [](const Region& a, const Region& b) { return a.begin < b.begin; });
     std::vector<Region> merged;
     for (const Region& x : r) {
-      if (!merged.empty() && x.begin <= merged.back().end) merged.back().end = std::max(merged.back().end, x.end);
-      else merged.push_back(x);
+      if (!merged.empty() && x.begin <= merged.back().end)
+        merged.back().end = std::max(merged.back().end, x.end);
+      else
+        merged.push_back(x);
     }
     for (const Region& m : merged) {
       int64_t allocated = 0;
       auto first = live[d].lower_bound(m.begin);
       for (auto it = first; it != live[d].end() && it->first < m.end; ++it) allocated += it->second;
       p.begin_dict()
-          .key("device").value(static_cast<int64_t>(d))
-          .key("address").value(static_cast<int64_t>(m.begin))
-          .key("total_size").value(static_cast<int64_t>(m.end - m.begin))
-          .key("allocated_size").value(allocated)
-          .key("active_size").value(allocated)
-          .key("requested_size").value(allocated)
-          .key("stream").value(int64_t{0})
-          .key("segment_type").value("large")
-          .key("segment_pool_id").pair(0, 0)
-          .key("is_expandable").value(false)
-          .key("frames").begin_list().end_list()
-          .key("blocks").begin_list();
+          .key("device")
+          .value(static_cast<int64_t>(d))
+          .key("address")
+          .value(static_cast<int64_t>(m.begin))
+          .key("total_size")
+          .value(static_cast<int64_t>(m.end - m.begin))
+          .key("allocated_size")
+          .value(allocated)
+          .key("active_size")
+          .value(allocated)
+          .key("requested_size")
+          .value(allocated)
+          .key("stream")
+          .value(int64_t{0})
+          .key("segment_type")
+          .value("large")
+          .key("segment_pool_id")
+          .pair(0, 0)
+          .key("is_expandable")
+          .value(false)
+          .key("frames")
+          .begin_list()
+          .end_list()
+          .key("blocks")
+          .begin_list();
       auto block = [&](uint64_t addr, int64_t size, int64_t requested, const char* state) {
         p.begin_dict()
-            .key("address").value(static_cast<int64_t>(addr))
-            .key("size").value(size)
-            .key("requested_size").value(requested)
-            .key("state").value(state)
-            .key("frames").begin_list().end_list()
+            .key("address")
+            .value(static_cast<int64_t>(addr))
+            .key("size")
+            .value(size)
+            .key("requested_size")
+            .value(requested)
+            .key("state")
+            .value(state)
+            .key("frames")
+            .begin_list()
+            .end_list()
             .end_dict();
       };
       uint64_t at = m.begin;

@@ -56,8 +56,7 @@ bool keep_freed_heap(int64_t keep_bytes, std::string* why) {
   };
 #if defined(__GLIBC__)
   const char* tunables = std::getenv("GLIBC_TUNABLES");
-  const bool user_tunables =
-      tunables && (std::strstr(tunables, "malloc.trim_threshold") || std::strstr(tunables, "malloc.mmap_threshold"));
+  const bool user_tunables = tunables && (std::strstr(tunables, "malloc.trim_threshold") || std::strstr(tunables, "malloc.mmap_threshold"));
   if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_") || user_tunables) {
     say("the environment sets glibc's heap thresholds; left as they are");
     return false;

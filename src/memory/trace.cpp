@@ -57,7 +57,8 @@ MemoryEvent parse_event(const io::JsonValue& e) {
   // Times are since the tracker started; with none negative, every difference the replay and the
   // page take (end - start) fits in 63 bits.
   // 2^53 us is 285 years: more is a damaged file, and the memory-viewer snapshot adds start_unix_us to it.
-  if (ev.time_us < 0 || ev.time_us > kMaxTimeUs) throw std::invalid_argument("trace: time_us " + std::to_string(ev.time_us) + " is outside 0 to 2^53");
+  if (ev.time_us < 0 || ev.time_us > kMaxTimeUs)
+    throw std::invalid_argument("trace: time_us " + std::to_string(ev.time_us) + " is outside 0 to 2^53");
   return ev;
 }
 
@@ -92,11 +93,16 @@ void write_trace(std::ostream& out, const Trace& trace) {
   for (const Tracker::StepSummary& s : trace.steps) {
     out << '\n';
     w.begin_object()
-        .key("step").value(s.step)
-        .key("peak_bytes").value(s.peak_bytes)
-        .key("time_us").value(s.time_us)
-        .key("phase").value(phase_name(s.phase))
-        .key("breakdown").begin_object();
+        .key("step")
+        .value(s.step)
+        .key("peak_bytes")
+        .value(s.peak_bytes)
+        .key("time_us")
+        .value(s.time_us)
+        .key("phase")
+        .value(phase_name(s.phase))
+        .key("breakdown")
+        .begin_object();
     for (Category c : kAllCategories) w.key(category_name(c)).value(s.breakdown[static_cast<int>(c)]);
     w.end_object().end_object();
   }
@@ -110,14 +116,22 @@ void write_trace(std::ostream& out, const Trace& trace) {
   for (const MemoryEvent& e : trace.events) {
     out << '\n';
     w.begin_object()
-        .key("time_us").value(e.time_us)
-        .key("action").value(action_name(e.action))
-        .key("bytes").value(e.bytes)
-        .key("category").value(category_name(e.category))
-        .key("phase").value(phase_name(e.phase))
-        .key("device").value(e.device.str())
-        .key("step").value(e.step)
-        .key("addr").value(static_cast<int64_t>(e.addr))
+        .key("time_us")
+        .value(e.time_us)
+        .key("action")
+        .value(action_name(e.action))
+        .key("bytes")
+        .value(e.bytes)
+        .key("category")
+        .value(category_name(e.category))
+        .key("phase")
+        .value(phase_name(e.phase))
+        .key("device")
+        .value(e.device.str())
+        .key("step")
+        .value(e.step)
+        .key("addr")
+        .value(static_cast<int64_t>(e.addr))
         .end_object();
   }
   w.end_array().end_object();
@@ -138,9 +152,8 @@ Trace read_trace(const std::string& text) {
         now += ev.bytes;  // <= allocated, so it cannot overflow
       } else if (ev.action == Action::free) {
         if (ev.bytes > now) {
-          throw std::invalid_argument("trace: event " + std::to_string(out.events.size() - 1) + " frees " +
-                                      std::to_string(ev.bytes) + " " + category_name(ev.category) + " bytes but only " +
-                                      std::to_string(now) + " are live");
+          throw std::invalid_argument("trace: event " + std::to_string(out.events.size() - 1) + " frees " + std::to_string(ev.bytes) + " " +
+                                      category_name(ev.category) + " bytes but only " + std::to_string(now) + " are live");
         }
         now -= ev.bytes;
       }

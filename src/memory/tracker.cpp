@@ -49,8 +49,8 @@ class ScopeReporter final : public c10::MemoryReportingInfoBase {
   ScopeReporter(std::shared_ptr<Tracker> tracker, int64_t scope_id, Category category, Phase phase)
       : tracker_(std::move(tracker)), scope_id_(scope_id), category_(category), phase_(phase) {}
 
-  void reportMemoryUsage(void* ptr, int64_t alloc_size, TotalBytes /*total_allocated*/,
-                         ReservedBytes /*total_reserved*/, c10::Device device) override {
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, TotalBytes /*total_allocated*/, ReservedBytes /*total_reserved*/,
+                         c10::Device device) override {
     tracker_->on_report(ptr, alloc_size, device, scope_id_, category_, phase_);
   }
   bool memoryProfilingEnabled() const override { return true; }
@@ -78,8 +78,7 @@ class ScopeInstall {
  public:
   ScopeInstall(std::shared_ptr<Tracker> tracker, Category category, Phase phase, bool reclassify)
       : tracker_(tracker), id_(tracker->open_scope(reclassify)) {
-    guard_.emplace(c10::DebugInfoKind::PROFILER_STATE,
-                   std::make_shared<ScopeReporter>(std::move(tracker), id_, category, phase));
+    guard_.emplace(c10::DebugInfoKind::PROFILER_STATE, std::make_shared<ScopeReporter>(std::move(tracker), id_, category, phase));
   }
   ~ScopeInstall() {
     guard_.reset();
@@ -117,19 +116,17 @@ Tracker::Tracker(bool keep_events)
       start_unix_us_(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count()) {}
 
 int64_t Tracker::now_us() const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_)
-      .count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_).count();
 }
 
-void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t scope_id,
-                        Category category, Phase phase) {
+void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t scope_id, Category category, Phase phase) {
   if (size == 0) return;
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
   if (size > 0) {
     ++seq_;
-    add_live(ptr, Allocation{size, kNotRecorded, scope_id, seq_, category, device, !open_scopes_.count(scope_id), backward_epoch_},
-             phase, t);
+    add_live(ptr, Allocation{size, kNotRecorded, scope_id, seq_, category, device, !open_scopes_.count(scope_id), backward_epoch_}, phase,
+             t);
     return;
   }
   auto it = live_.find(ptr);
@@ -141,8 +138,10 @@ void Tracker::on_report(void* ptr, int64_t size, c10::Device device, int64_t sco
   if (it->second.scope_id != 0 && open_scopes_.count(it->second.scope_id)) settle(it->second, Category::temporary);
   // Without scopes: the program's forward kept it for backward, or made and dropped it.
   if (implicit_rules_ && it->second.undeclared && it->second.scope_id != 0) {
-    if (phase == Phase::backward) settle(it->second, Category::activation);
-    else if (phase == Phase::idle && it->second.backward_epoch == backward_epoch_) settle(it->second, Category::temporary);
+    if (phase == Phase::backward)
+      settle(it->second, Category::activation);
+    else if (phase == Phase::idle && it->second.backward_epoch == backward_epoch_)
+      settle(it->second, Category::temporary);
   }
   drop_live(it, phase, t);
 }
@@ -177,8 +176,7 @@ void Tracker::sweep_adopted() {  // mutex_ held
 }
 
 void Tracker::add_live(void* ptr, Allocation a, Phase phase, int64_t t) {  // mutex_ held
-  auto dev = std::find_if(device_live_.begin(), device_live_.end(),
-                          [&](const DeviceCounter& d) { return d.device == a.device; });
+  auto dev = std::find_if(device_live_.begin(), device_live_.end(), [&](const DeviceCounter& d) { return d.device == a.device; });
   if (dev == device_live_.end()) {
     device_live_.push_back({a.device, 0});
     dev = device_live_.end() - 1;
@@ -251,8 +249,8 @@ bool Tracker::retag(const void* ptr, Category category) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(const_cast<void*>(ptr));
   if (it == live_.end()) return false;
-  settle(it->second, category);   // rule 1: from its allocation on
-  it->second.scope_id = 0;        // and never temporary
+  settle(it->second, category);  // rule 1: from its allocation on
+  it->second.scope_id = 0;       // and never temporary
   return true;
 }
 
@@ -317,8 +315,8 @@ void Tracker::record_live_allocations(int64_t time_us) {
   std::sort(missing.begin(), missing.end(), [](const auto& x, const auto& y) { return x.second->seq < y.second->seq; });
   for (auto& [ptr, a] : missing) {
     a->event_index = events_.size();
-    events_.push_back(MemoryEvent{time_us, Action::alloc, a->bytes, a->category, Phase::idle, a->device,
-                                  reinterpret_cast<uint64_t>(ptr), step_.load()});
+    events_.push_back(
+        MemoryEvent{time_us, Action::alloc, a->bytes, a->category, Phase::idle, a->device, reinterpret_cast<uint64_t>(ptr), step_.load()});
   }
 }
 
@@ -483,9 +481,7 @@ void Tracker::adopt(const at::Tensor& tensor, Category category) {  // mutex_ he
   adopted_.push_back({ptr, seq_, tensor.storage().getWeakStorageImpl()});
 }
 
-void Tracker::watch(const torch::nn::Module& module) {
-  watch(module.parameters(/*recurse=*/true), module.buffers(/*recurse=*/true));
-}
+void Tracker::watch(const torch::nn::Module& module) { watch(module.parameters(/*recurse=*/true), module.buffers(/*recurse=*/true)); }
 
 void Tracker::watch(const std::vector<at::Tensor>& parameters, const std::vector<at::Tensor>& buffers) {
   {
@@ -555,8 +551,10 @@ CategoryBytes MemoryReport::breakdown() const {
 std::ostream& operator<<(std::ostream& out, const MemoryReport& r) {
   std::ostringstream s;
   s << "peak " << io::human_bytes(r.peak_bytes) << " (";
-  if (r.peak_step >= 0) s << "step " << r.peak_step << ", ";
-  else s << "set-up, ";
+  if (r.peak_step >= 0)
+    s << "step " << r.peak_step << ", ";
+  else
+    s << "set-up, ";
   s << phase_name(r.peak_phase) << "):";
   const char* sep = " ";
   for (auto c : kAllCategories) {

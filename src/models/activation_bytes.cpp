@@ -76,7 +76,8 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   const bool swiglu_fn = compute != at::kFloat && c.resolved_activation() == "silu";
   const Size mlp_kept = swiglu_fn ? Size(3) : Size(4);
   a.block_plain = (llama ? BT * (residual + inner + mlp_kept * f * ce + 8) + rotary_tables + attention_kept + weight_copies
-                         : BT * (residual + inner + 2 * f * ce + 4 * e) + attention_kept + weight_copies).v;
+                         : BT * (residual + inner + 2 * f * ce + 4 * e) + attention_kept + weight_copies)
+                      .v;
   a.block_input = (BT * d * e).v;
   // Selective keeps the input and the matrix products' outputs but the closing tail_linear's, which
   // its recompute does not multiply (selective.h): q, k, v, o, gate, up (llama); qkv, proj, fc (gpt2).
@@ -116,7 +117,7 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // The loss multiplies these without checks: the largest of its products must fit with room.
   (void)(BT * V * 8 + BT * d * 8 + V * d * 8);
   const auto l = loss.chunked() ? loss::chunked_cross_entropy_bytes(BT.v, d.v, V.v, loss.chunk_size(), dtype, compute)
-                                 : loss::linear_cross_entropy_bytes(BT.v, d.v, V.v, dtype, compute);
+                                : loss::linear_cross_entropy_bytes(BT.v, d.v, V.v, dtype, compute);
   a.head_kept = (Size(a.head_kept) + l.kept).v;
   a.loss_forward_temporary = l.forward_temporary;
   a.loss_backward_temporary = l.backward_temporary;

@@ -35,9 +35,7 @@ at::Tensor explicit_attention(const at::Tensor& q, const at::Tensor& k, const at
 
 }  // namespace
 
-const char* attention_kernel_name(AttentionKernel kernel) {
-  return kernel == AttentionKernel::sdpa ? "sdpa" : "explicit";
-}
+const char* attention_kernel_name(AttentionKernel kernel) { return kernel == AttentionKernel::sdpa ? "sdpa" : "explicit"; }
 
 std::optional<AttentionKernel> parse_attention_kernel(const std::string& name) {
   for (AttentionKernel k : kAllAttentionKernels) {
@@ -64,15 +62,13 @@ std::vector<AttentionKernel> available_attention_kernels() {
   return out;
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, AttentionKernel kernel,
-                            const at::Tensor& mask) {
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, AttentionKernel kernel, const at::Tensor& mask) {
   TORCH_CHECK(k.size(2) >= q.size(2) && v.size(2) == k.size(2), "causal_attention: ", q.size(2), " queries need as many keys or more, got ",
               k.size(2), " keys and ", v.size(2), " values");
   if (mask.defined()) {
-    TORCH_CHECK(mask.dim() == 4 && (mask.size(0) == 1 || mask.size(0) == q.size(0)) && mask.size(1) == 1 &&
-                    mask.size(2) == q.size(2) && mask.size(3) == k.size(2),
-                "causal_attention: the mask must be (", q.size(0), " or 1, 1, ", q.size(2), ", ", k.size(2), "), got ",
-                mask.sizes());
+    TORCH_CHECK(mask.dim() == 4 && (mask.size(0) == 1 || mask.size(0) == q.size(0)) && mask.size(1) == 1 && mask.size(2) == q.size(2) &&
+                    mask.size(3) == k.size(2),
+                "causal_attention: the mask must be (", q.size(0), " or 1, 1, ", q.size(2), ", ", k.size(2), "), got ", mask.sizes());
     TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()),
                 "causal_attention: the mask must be bool or floating point (additive), got ", mask.scalar_type());
   }

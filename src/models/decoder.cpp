@@ -23,9 +23,9 @@ std::string DecoderConfig::validate() const {
   auto positive = [](const char* name, int64_t v) {
     return v >= 1 ? std::string() : std::string(name) + " must be a positive integer, got " + std::to_string(v);
   };
-  for (const auto& m : {positive("vocab_size", vocab_size), positive("dim", dim), positive("n_layers", n_layers),
-                        positive("n_heads", n_heads), positive("n_kv_heads", n_kv_heads), positive("ffn_dim", ffn_dim),
-                        positive("max_seq_len", max_seq_len)}) {
+  for (const auto& m :
+       {positive("vocab_size", vocab_size), positive("dim", dim), positive("n_layers", n_layers), positive("n_heads", n_heads),
+        positive("n_kv_heads", n_kv_heads), positive("ffn_dim", ffn_dim), positive("max_seq_len", max_seq_len)}) {
     if (!m.empty()) return m;
   }
   if (arch != "llama" && arch != "gpt2") return "arch must be llama or gpt2, got '" + arch + "'";
@@ -128,7 +128,7 @@ std::pair<at::Tensor, at::Tensor> rotary_tables_at(const at::Tensor& positions, 
   const auto f32 = positions.options().dtype(at::kFloat);
   const at::Tensor inv_freq = rotary_inv_freq(hd, c.rope_theta, c.rope_scaling, c.max_seq_len, positions.size(1), f32);
   const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // (B, T, hd/2)
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);                            // (B, T, hd)
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);                          // (B, T, hd)
   return {emb.cos(), emb.sin()};
 }
 
@@ -160,7 +160,6 @@ class RotaryFn : public torch::autograd::Function<RotaryFn> {
 // inputs take autograd's own silu and product.
 class SwiGLUFn : public torch::autograd::Function<SwiGLUFn> {
  public:
-
   static variable_list forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
     at::Tensor out = at::empty_like(gate);
@@ -214,7 +213,7 @@ at::Tensor lin(const torch::nn::Linear& l, const at::Tensor& x) { return checkpo
 at::Tensor activate(const at::Tensor& x, const std::string& act) {
   if (act == "silu") return at::silu(x);
   if (act == "gelu") return at::gelu(x);  // erf
-  return at::gelu(x, "tanh");              // gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  return at::gelu(x, "tanh");             // gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 }
 
 // Appends new (B, KV, T, hd) to a cached (B, KV, S, hd) (undefined before the first call) and returns it.
@@ -229,8 +228,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   DecoderConfig c;
   int64_t H, KV, hd;
-  explicit LlamaAttentionImpl(const DecoderConfig& config)
-      : c(config), H(config.n_heads), KV(config.n_kv_heads), hd(config.head_dim()) {
+  explicit LlamaAttentionImpl(const DecoderConfig& config) : c(config), H(config.n_heads), KV(config.n_kv_heads), hd(config.head_dim()) {
     auto opt = [&](int64_t i, int64_t o) { return torch::nn::LinearOptions(i, o).bias(c.attention_bias); };
     q_proj = register_module("q_proj", torch::nn::Linear(opt(c.dim, H * hd)));
     k_proj = register_module("k_proj", torch::nn::Linear(opt(c.dim, KV * hd)));
@@ -245,8 +243,8 @@ struct LlamaAttentionImpl : torch::nn::Module {
   }
   // x: (B, T, d) with rotary tables cos, sin ((T, hd) or (B, T, hd)) and an optional attention mask
   // (attention.h) -> (B, T, d); keys and values as forward's
-  at::Tensor attend(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
-                    at::Tensor* keys = nullptr, at::Tensor* values = nullptr) {
+  at::Tensor attend(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask, at::Tensor* keys = nullptr,
+                    at::Tensor* values = nullptr) {
     const int64_t B = x.size(0), T = x.size(1);
     const at::Tensor q = RotaryFn::apply(lin(q_proj, x).view({B, T, H, hd}), cos, sin)[0];  // (B, H, T, hd)
     at::Tensor k = RotaryFn::apply(lin(k_proj, x).view({B, T, KV, hd}), cos, sin)[0];       // (B, KV, T, hd)
@@ -275,7 +273,7 @@ struct LlamaMLPImpl : torch::nn::Module {
     const at::Tensor gate = lin(gate_proj, x), up = lin(up_proj, x);
     // down_proj closes the block's residual branch: a checkpointed region that ends with this
     // block does not multiply it again in its recompute (checkpoint::tail_linear).
-    const at::Tensor z = act != "silu" ? activate(gate, act) * up
+    const at::Tensor z = act != "silu"                      ? activate(gate, act) * up
                          : gate.scalar_type() == at::kFloat ? at::silu(gate) * up
                                                             : SwiGLUFn::apply(gate, up)[0];
     return checkpoint::tail_linear(z, down_proj->weight, down_proj->bias);
@@ -341,8 +339,7 @@ void init_weights(torch::nn::Module& m) {
 // Sizes the cache for n layers on first use; checks it has them.
 void ready_cache(KVCache& cache, size_t n) {
   if (cache.keys.empty()) cache.keys.resize(n), cache.values.resize(n);
-  TORCH_CHECK(cache.keys.size() == n && cache.values.size() == n, "KVCache holds ", cache.keys.size(),
-              " layers, the model has ", n);
+  TORCH_CHECK(cache.keys.size() == n && cache.values.size() == n, "KVCache holds ", cache.keys.size(), " layers, the model has ", n);
 }
 
 class LlamaForCausalLM : public DecoderImpl {
@@ -363,8 +360,7 @@ class LlamaForCausalLM : public DecoderImpl {
     // The layout every block reads, made once: rotary tables (B, T, hd) at the restarted
     // positions, and the mask in the form the kernel keeps least of (attention.h).
     const auto [cos, sin] = rotary_tables_at(segment_positions(segments), config_.head_dim(), config_);
-    const at::Tensor mask =
-        attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
+    const at::Tensor mask = attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
     std::vector<checkpoint::UnaryFn> forwards;
     for (LlamaDecoderLayer b : model->blocks) {
       forwards.push_back([b, c = cos, s = sin, mask](const at::Tensor& h) mutable { return b->forward_packed(h, c, s, mask); });
@@ -401,8 +397,7 @@ struct GPT2AttentionImpl : torch::nn::Module {
   }
   // x: (B, T, d) -> (B, T, d); with keys/values given, the new positions' are appended to them; an
   // optional attention mask (attention.h) replaces the causal triangle
-  at::Tensor forward(const at::Tensor& x, at::Tensor* keys = nullptr, at::Tensor* values = nullptr,
-                     const at::Tensor& mask = {}) {
+  at::Tensor forward(const at::Tensor& x, at::Tensor* keys = nullptr, at::Tensor* values = nullptr, const at::Tensor& mask = {}) {
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2);
     const at::Tensor parts = lin(c_attn, x).view({B, T, 3, H, d / H}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, hd)
     at::Tensor k = parts[1], v = parts[2];
@@ -490,8 +485,7 @@ class GPT2LMHead : public DecoderImpl {
     // wpe at each token's restarted position (its (B, T) indices kept for wpe's backward); the
     // mask made once, in the form the kernel keeps least of (attention.h)
     const at::Tensor x = transformer->wte->forward(tokens) + transformer->wpe->forward(segment_positions(segments));
-    const at::Tensor mask =
-        attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
+    const at::Tensor mask = attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
     std::vector<checkpoint::UnaryFn> forwards;
     for (GPT2Block b : transformer->blocks) {
       forwards.push_back([b, mask](const at::Tensor& h) mutable { return b->forward_packed(h, mask); });
@@ -512,8 +506,7 @@ class GPT2LMHead : public DecoderImpl {
  private:
   // positions up to end - 1 exist (wpe has max_seq_len rows)
   void check_positions(int64_t end) const {
-    TORCH_CHECK(end <= config_.max_seq_len, "gpt2: position ", end - 1, " is past max_seq_len ", config_.max_seq_len,
-                " (n_positions)");
+    TORCH_CHECK(end <= config_.max_seq_len, "gpt2: position ", end - 1, " is past max_seq_len ", config_.max_seq_len, " (n_positions)");
   }
   // tokens: (B, T) at positions offset.. -> (B, T, d)
   at::Tensor embed_at(const at::Tensor& tokens, int64_t offset) {
@@ -588,8 +581,7 @@ at::Tensor DecoderImpl::run_blocks(const at::Tensor& x, std::vector<checkpoint::
 }
 
 void DecoderImpl::check_segments(const at::Tensor& tokens, const at::Tensor& segments) {
-  TORCH_CHECK(segments.sizes() == tokens.sizes(), "segments must have the tokens' shape ", tokens.sizes(), ", got ",
-              segments.sizes());
+  TORCH_CHECK(segments.sizes() == tokens.sizes(), "segments must have the tokens' shape ", tokens.sizes(), ", got ", segments.sizes());
   TORCH_CHECK(segments.scalar_type() == at::kLong, "segments must be int64, got ", segments.scalar_type());
   TORCH_CHECK(segments.device() == tokens.device(), "segments must be on the tokens' device ", tokens.device(), ", got ",
               segments.device());
@@ -624,8 +616,7 @@ at::Tensor DecoderImpl::logits_with_cache(const at::Tensor& tokens, KVCache& cac
   return at::linear(h, head_weight()).to(at::kFloat);  // (B, T, V)
 }
 
-at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options,
-                             const at::Tensor& segments) {
+at::Tensor DecoderImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options, const at::Tensor& segments) {
   const at::Tensor h = hidden_states(tokens, segments);  // (B, T, d)
   const auto loss_options = loss::ChunkedCrossEntropyOptions()
                                 .chunk_size(options.chunk_size())

@@ -27,8 +27,7 @@ std::vector<std::vector<int32_t>> cut_windows(const std::vector<int32_t>& ids, i
   return out;
 }
 
-EvalTotals score_windows(DecoderImpl& model, const std::vector<std::vector<int32_t>>& windows, int64_t batch_size,
-                         bool keep_last_logits) {
+EvalTotals score_windows(DecoderImpl& model, const std::vector<std::vector<int32_t>>& windows, int64_t batch_size, bool keep_last_logits) {
   if (batch_size < 1) throw std::invalid_argument("batch_size must be >= 1, not " + std::to_string(batch_size));
   const int64_t vocab = model.config().vocab_size;
   for (const auto& w : windows) {
@@ -38,7 +37,8 @@ EvalTotals score_windows(DecoderImpl& model, const std::vector<std::vector<int32
     }
     for (int32_t id : w) {
       if (id < 0 || id >= vocab) {
-        throw std::invalid_argument("token " + std::to_string(id) + " is outside the model's vocabulary [0, " + std::to_string(vocab) + ")");
+        throw std::invalid_argument("token " + std::to_string(id) + " is outside the model's vocabulary [0, " + std::to_string(vocab) +
+                                    ")");
       }
     }
   }
@@ -56,7 +56,7 @@ EvalTotals score_windows(DecoderImpl& model, const std::vector<std::vector<int32
       continue;
     }
     const int64_t B = static_cast<int64_t>(last - first);
-    at::Tensor inputs = at::zeros({B, T}, at::kLong);         // (B, T), padded with id 0
+    at::Tensor inputs = at::zeros({B, T}, at::kLong);            // (B, T), padded with id 0
     at::Tensor targets = at::full({B, T - 1}, -100, at::kLong);  // (B, T-1): id t+1, -100 where none
     auto in = inputs.accessor<int64_t, 2>();
     auto tg = targets.accessor<int64_t, 2>();
@@ -66,11 +66,11 @@ EvalTotals score_windows(DecoderImpl& model, const std::vector<std::vector<int32
       for (size_t j = 0; j + 1 < w.size(); ++j) tg[b][static_cast<int64_t>(j)] = w[j + 1];
     }
     const at::Tensor logits = model.logits(inputs.to(device)).to(at::kFloat).to(at::kCPU);  // (B, T, V)
-    const at::Tensor pred = logits.narrow(1, 0, T - 1).reshape({-1, vocab});              // (B*(T-1), V)
+    const at::Tensor pred = logits.narrow(1, 0, T - 1).reshape({-1, vocab});                // (B*(T-1), V)
     const at::Tensor flat = targets.reshape({-1});                                          // (B*(T-1))
     const at::Tensor mask = flat != -100;
-    const at::Tensor logp = at::log_softmax(pred, 1);                                       // (B*(T-1), V)
-    const at::Tensor picked = logp.gather(1, flat.clamp_min(0).unsqueeze(1)).squeeze(1);   // (B*(T-1))
+    const at::Tensor logp = at::log_softmax(pred, 1);                                     // (B*(T-1), V)
+    const at::Tensor picked = logp.gather(1, flat.clamp_min(0).unsqueeze(1)).squeeze(1);  // (B*(T-1))
     t.loss_sum += -picked.masked_select(mask).to(at::kDouble).sum().item<double>();
     t.tokens += mask.sum().item<int64_t>();
     t.windows += B;

@@ -47,8 +47,8 @@ int64_t choose_next_token(const at::Tensor& logits_in, const GenerationOptions& 
   // Shifted by the max first: (l - max) <= 0, so dividing by a tiny temperature gives -inf for all
   // but the likeliest (greedy), never +inf; the likeliest stay exactly 0 even when the temperature
   // underflows to 0 in fp32 (0 / 0 would be NaN).
-  const at::Tensor shifted = logits - logits.max();                                            // (V)
-  at::Tensor scaled = at::where(shifted == 0, shifted, shifted / o.temperature());            // (V)
+  const at::Tensor shifted = logits - logits.max();                                 // (V)
+  at::Tensor scaled = at::where(shifted == 0, shifted, shifted / o.temperature());  // (V)
   const int64_t V = scaled.size(0);
   if (o.top_k() > 0 && o.top_k() < V) {
     const at::Tensor kth = std::get<0>(scaled.topk(o.top_k())).select(0, o.top_k() - 1);
@@ -60,7 +60,7 @@ int64_t choose_next_token(const at::Tensor& logits_in, const GenerationOptions& 
     // reaches top_p: a token stays when the mass strictly before it is < top_p (the first always).
     const auto sorted = probs.sort(/*dim=*/0, /*descending=*/true);
     const at::Tensor p_sorted = std::get<0>(sorted), order = std::get<1>(sorted);  // (V), (V)
-    const at::Tensor before = p_sorted.cumsum(0) - p_sorted;                        // (V)
+    const at::Tensor before = p_sorted.cumsum(0) - p_sorted;                       // (V)
     const at::Tensor drop_sorted = before >= o.top_p();
     const at::Tensor drop = at::zeros_like(drop_sorted).scatter(0, order, drop_sorted);
     probs = probs.masked_fill(drop, 0);
@@ -74,8 +74,8 @@ Generation generate_ids(DecoderImpl& model, const std::vector<int32_t>& prompt_i
   const int64_t vocab = model.config().vocab_size;
   for (int32_t id : prompt_ids) {
     if (id < 0 || id >= vocab) {
-      throw std::invalid_argument("prompt token " + std::to_string(id) + " is outside the model's vocabulary [0, " +
-                                  std::to_string(vocab) + ")");
+      throw std::invalid_argument("prompt token " + std::to_string(id) + " is outside the model's vocabulary [0, " + std::to_string(vocab) +
+                                  ")");
     }
   }
   at::NoGradGuard no_grad;

@@ -62,10 +62,10 @@ class WeightFiles {
   }
 
   struct Source {
-    size_t index;                 // into the list matched
+    size_t index;  // into the list matched
     io::SafetensorsReader* reader;
-    std::string name;             // in the file
-    bool transposed;              // GPT-2's Conv1D weights are stored (in, out)
+    std::string name;  // in the file
+    bool transposed;   // GPT-2's Conv1D weights are stored (in, out)
   };
 
   // Every name and shape checked against the headers; throws std::invalid_argument naming what is

@@ -16,39 +16,91 @@ namespace {
 
 // Fields of any model type that do not change what the model computes: ids, bookkeeping, defaults
 // of generation (transformers 4 kept them in the model's config), output switches.
-const std::set<std::string> kHarmless = {
-    "architectures", "transformers_version", "initializer_range", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "sep_token_id", "decoder_start_token_id", "output_attentions", "output_hidden_states",
-    "return_dict", "torchscript", "_name_or_path", "id2label", "label2id", "problem_type", "finetuning_task",
-    "tokenizer_class", "prefix", "task_specific_params", "max_length", "min_length", "do_sample", "early_stopping",
-    "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
-    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
-    "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens", "tf_legacy_loss", "use_bfloat16", "chunk_size_feed_forward", "tie_encoder_decoder",
-    "is_decoder", "cross_attention_hidden_size", "pruned_heads", "is_encoder_decoder", "add_cross_attention"};
+const std::set<std::string> kHarmless = {"architectures",
+                                         "transformers_version",
+                                         "initializer_range",
+                                         "use_cache",
+                                         "bos_token_id",
+                                         "eos_token_id",
+                                         "pad_token_id",
+                                         "sep_token_id",
+                                         "decoder_start_token_id",
+                                         "output_attentions",
+                                         "output_hidden_states",
+                                         "return_dict",
+                                         "torchscript",
+                                         "_name_or_path",
+                                         "id2label",
+                                         "label2id",
+                                         "problem_type",
+                                         "finetuning_task",
+                                         "tokenizer_class",
+                                         "prefix",
+                                         "task_specific_params",
+                                         "max_length",
+                                         "min_length",
+                                         "do_sample",
+                                         "early_stopping",
+                                         "num_beams",
+                                         "num_beam_groups",
+                                         "diversity_penalty",
+                                         "temperature",
+                                         "top_k",
+                                         "top_p",
+                                         "typical_p",
+                                         "repetition_penalty",
+                                         "length_penalty",
+                                         "no_repeat_ngram_size",
+                                         "encoder_no_repeat_ngram_size",
+                                         "bad_words_ids",
+                                         "num_return_sequences",
+                                         "output_scores",
+                                         "return_dict_in_generate",
+                                         "forced_bos_token_id",
+                                         "forced_eos_token_id",
+                                         "remove_invalid_values",
+                                         "exponential_decay_length_penalty",
+                                         "suppress_tokens",
+                                         "begin_suppress_tokens",
+                                         "tf_legacy_loss",
+                                         "use_bfloat16",
+                                         "chunk_size_feed_forward",
+                                         "tie_encoder_decoder",
+                                         "is_decoder",
+                                         "cross_attention_hidden_size",
+                                         "pruned_heads",
+                                         "is_encoder_decoder",
+                                         "add_cross_attention"};
 
 // Fields each model type reads (their meaning is checked below), and its dropout fields.
 const std::map<std::string, std::set<std::string>> kModelKeys = {
     {"llama",
-     {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-      "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
-      "rope_parameters", "attention_bias", "mlp_bias", "head_dim", "tie_word_embeddings",
+     {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_act",
+      "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "attention_bias", "mlp_bias", "head_dim",
+      "tie_word_embeddings",
       // pretraining_tp > 1 splits each projection into slices and adds their products: the same
       // product up to rounding, so it is accepted (and kept).
       "pretraining_tp", "attention_dropout"}},
     {"gpt2",
-     {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
-      "layer_norm_epsilon", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "tie_word_embeddings",
+     {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function", "layer_norm_epsilon",
+      "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "tie_word_embeddings",
       // reorder_and_upcast_attn changes only the rounding of attention's product (numerics), n_ctx
       // is an unused legacy copy of n_positions, summary_* belong to the double-heads model.
-      "reorder_and_upcast_attn", "n_ctx", "summary_type", "summary_use_proj", "summary_activation",
-      "summary_proj_to_labels", "summary_first_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"}}};
+      "reorder_and_upcast_attn", "n_ctx", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+      "summary_first_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"}}};
 const std::set<std::string> kDropout = {"attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"};
 // Kept and written back as they came: harmless fields and the model's own that frugal does not model.
-const std::set<std::string> kPassThrough = {"pretraining_tp", "reorder_and_upcast_attn", "n_ctx", "summary_type",
-                                            "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-                                            "summary_first_dropout", "attention_dropout", "resid_pdrop", "embd_pdrop",
+const std::set<std::string> kPassThrough = {"pretraining_tp",
+                                            "reorder_and_upcast_attn",
+                                            "n_ctx",
+                                            "summary_type",
+                                            "summary_use_proj",
+                                            "summary_activation",
+                                            "summary_proj_to_labels",
+                                            "summary_first_dropout",
+                                            "attention_dropout",
+                                            "resid_pdrop",
+                                            "embd_pdrop",
                                             "attn_pdrop"};
 
 std::string json_text(const io::JsonValue& v);
@@ -128,16 +180,23 @@ void read_rope(const Fields& f, const char* key, DecoderConfig& c, std::set<std:
   if (!v) return;
   if (!v->is_object()) f.bad(key, "must be an object, got " + json_text(*v));
   const Fields r{*v, f.where + ": " + key};
-  static const std::set<std::string> known = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
-                                              "high_freq_factor", "original_max_position_embeddings",
-                                              "attention_factor", "partial_rotary_factor"};
+  static const std::set<std::string> known = {"rope_type",
+                                              "type",
+                                              "rope_theta",
+                                              "factor",
+                                              "low_freq_factor",
+                                              "high_freq_factor",
+                                              "original_max_position_embeddings",
+                                              "attention_factor",
+                                              "partial_rotary_factor"};
   for (const auto& [k, unused] : v->members()) {
     (void)unused;
     if (!known.count(k)) r.bad(k, "is not supported (frugal honours rope types default, linear, llama3 and dynamic)");
   }
   // A number given twice (rope_parameters and rope_scaling, or rope_theta beside them) must agree.
   auto set = [&](const std::string& name, double value, double& into) {
-    if (seen.count(name) && into != value) r.bad(name, "is " + json_text(*r.find(name)) + " but another field says " + std::to_string(into));
+    if (seen.count(name) && into != value)
+      r.bad(name, "is " + json_text(*r.find(name)) + " but another field says " + std::to_string(into));
     seen.insert(name);
     into = value;
   };
@@ -146,7 +205,8 @@ void read_rope(const Fields& f, const char* key, DecoderConfig& c, std::set<std:
   if (type != "default" && type != "linear" && type != "llama3" && type != "dynamic") {
     r.bad("rope_type", "'" + type + "' is not supported (allowed: default, linear, llama3, dynamic)");
   }
-  if (seen.count("rope_type") && c.rope_scaling.type != type) r.bad("rope_type", "'" + type + "' disagrees with '" + c.rope_scaling.type + "'");
+  if (seen.count("rope_type") && c.rope_scaling.type != type)
+    r.bad("rope_type", "'" + type + "' disagrees with '" + c.rope_scaling.type + "'");
   seen.insert("rope_type");
   c.rope_scaling.type = type;
   if (r.find("rope_theta")) set("rope_theta", r.number("rope_theta", 0), c.rope_theta);
@@ -218,8 +278,10 @@ DecoderConfig read_hf_config(const std::string& path) {
   for (const char* key : {"torch_dtype", "dtype"}) {
     const std::string d = f.string(key, "");
     if (d.empty() || d == "auto") continue;
-    const std::optional<at::ScalarType> t = d == "float32" ? at::kFloat : d == "bfloat16" ? at::kBFloat16 : d == "float16" ? at::kHalf
-                                                                                                                         : std::optional<at::ScalarType>();
+    const std::optional<at::ScalarType> t = d == "float32"    ? at::kFloat
+                                            : d == "bfloat16" ? at::kBFloat16
+                                            : d == "float16"  ? at::kHalf
+                                                              : std::optional<at::ScalarType>();
     if (!t) f.bad(key, "'" + d + "' is not supported (allowed: float32, bfloat16, float16)");
     if (c.file_dtype && *c.file_dtype != *t) f.bad(key, "'" + d + "' disagrees with the other dtype field");
     c.file_dtype = t;
@@ -235,7 +297,8 @@ DecoderConfig read_hf_config(const std::string& path) {
     c.norm_eps = f.number("layer_norm_epsilon", 1e-5);
     c.activation = activation_from_hf(f, "activation_function", "gelu_new");
     c.tie_embeddings = f.boolean("tie_word_embeddings", true);
-    if (!f.boolean("scale_attn_weights", true)) f.bad("scale_attn_weights", "false is not supported (attention is scaled by 1/sqrt(head size))");
+    if (!f.boolean("scale_attn_weights", true))
+      f.bad("scale_attn_weights", "false is not supported (attention is scaled by 1/sqrt(head size))");
     if (f.boolean("scale_attn_by_inverse_layer_idx", false)) f.bad("scale_attn_by_inverse_layer_idx", "true is not supported");
     // GPT-2's transformers defaults are 0.1: a file that names no dropout has it (and says so when written back).
     for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
@@ -261,8 +324,8 @@ DecoderConfig read_hf_config(const std::string& path) {
       c.explicit_head_dim = f.integer("head_dim");
       if (c.explicit_head_dim < 1) f.bad("head_dim", "must be positive, got " + std::to_string(c.explicit_head_dim));
     } else if (c.n_heads > 0 && c.dim % c.n_heads != 0) {
-      f.bad("num_attention_heads", std::to_string(c.n_heads) + " does not divide hidden_size " + std::to_string(c.dim) +
-                                       " and there is no head_dim");
+      f.bad("num_attention_heads",
+            std::to_string(c.n_heads) + " does not divide hidden_size " + std::to_string(c.dim) + " and there is no head_dim");
     }
     if (c.explicit_head_dim == c.dim / std::max<int64_t>(1, c.n_heads) && c.dim % std::max<int64_t>(1, c.n_heads) == 0) {
       c.explicit_head_dim = 0;  // the derived size: nothing to say

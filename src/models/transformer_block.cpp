@@ -8,8 +8,8 @@ namespace models {
 
 PreLNBlockImpl::PreLNBlockImpl(int64_t d_model, int64_t n_heads, AttentionKernel attention)
     : d_model_(d_model), n_heads_(n_heads), attention_(attention) {
-  TORCH_CHECK(d_model > 0 && n_heads > 0 && d_model % n_heads == 0, "PreLNBlock: width ", d_model,
-              " must be a positive multiple of heads ", n_heads);
+  TORCH_CHECK(d_model > 0 && n_heads > 0 && d_model % n_heads == 0, "PreLNBlock: width ", d_model, " must be a positive multiple of heads ",
+              n_heads);
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
   qkv = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
   proj = register_module("proj", torch::nn::Linear(d_model, d_model));
@@ -23,10 +23,10 @@ at::Tensor PreLNBlockImpl::forward(const at::Tensor& x) {
   TORCH_CHECK(d == d_model_, "PreLNBlock: input width ", d, " differs from the block's ", d_model_);
   // attention half
   const at::Tensor h = ln1->forward(x);
-  const at::Tensor qkv_out = checkpoint::linear(h, qkv->weight, qkv->bias);     // (B, T, 3d)
+  const at::Tensor qkv_out = checkpoint::linear(h, qkv->weight, qkv->bias);             // (B, T, 3d)
   const at::Tensor parts = qkv_out.view({B, T, 3, H, d / H}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, dh)
-  const at::Tensor att = causal_attention(parts[0], parts[1], parts[2], attention_);  // (B, H, T, dh)
-  const at::Tensor merged = att.transpose(1, 2).reshape({B, T, d});            // (B, T, d)
+  const at::Tensor att = causal_attention(parts[0], parts[1], parts[2], attention_);    // (B, H, T, dh)
+  const at::Tensor merged = att.transpose(1, 2).reshape({B, T, d});                     // (B, T, d)
   const at::Tensor x1 = x + checkpoint::linear(merged, proj->weight, proj->bias);
   // MLP half
   const at::Tensor up = checkpoint::linear(ln2->forward(x1), fc1->weight, fc1->bias);  // (B, T, 4d)
@@ -38,8 +38,8 @@ int64_t block_param_count(int64_t layers, int64_t d_model) {
   return layers * (12 * d_model * d_model + 13 * d_model);
 }
 
-int64_t predicted_saved_bytes(int64_t layers, int64_t batch, int64_t seq, int64_t d_model, int64_t n_heads,
-                              int64_t element_size, AttentionKernel attention) {
+int64_t predicted_saved_bytes(int64_t layers, int64_t batch, int64_t seq, int64_t d_model, int64_t n_heads, int64_t element_size,
+                              AttentionKernel attention) {
   // Korthikanti et al. (2022), per layer in fp16 with dropout: 34*s*b*h + 5*a*s^2*b bytes, where
   //   attention: 2sbh (QKV input) + 4sbh (Q, K) + 2sbh (V) + 2sbh (proj input) + sbh (proj dropout mask)
   //              + 2as^2b (softmax out) + as^2b (attention dropout mask) + 2as^2b (dropout out)
@@ -60,8 +60,8 @@ int64_t predicted_saved_bytes(int64_t layers, int64_t batch, int64_t seq, int64_
   // whose (B, T, H, dh) layout makes the merged heads a view of it (the same 1 (B, T, d)), and the
   // log-sum-exp, fp32 (B, H, T) whatever the dtype. So the a*s^2*b elements become a*s*b floats.
   const int64_t per_layer_elements = 16 * seq * batch * d_model;
-  const int64_t attention_bytes = attention == AttentionKernel::sdpa ? n_heads * seq * batch * 4
-                                                                     : n_heads * seq * seq * batch * element_size;
+  const int64_t attention_bytes =
+      attention == AttentionKernel::sdpa ? n_heads * seq * batch * 4 : n_heads * seq * seq * batch * element_size;
   return layers * (per_layer_elements * element_size + attention_bytes);
 }
 

@@ -39,7 +39,7 @@ struct AdamScalars {
   bool decay_param = false;  // AdamW with weight decay: p *= 1 - lr*wd
   bool stochastic = false;   // a bf16 parameter rounded stochastically with `seed`
   uint64_t seed = 0;
-  int64_t first_index = 0;   // of p's first element in its parameter, for the noise
+  int64_t first_index = 0;  // of p's first element in its parameter, for the noise
 };
 
 // One SGD step's constants as ATen casts them (alpha and multipliers to fp32).
@@ -125,8 +125,8 @@ struct Avx2Lanes {
   FRUGAL_AVX2 static void store_bits(uint16_t* x, __m256i bits, __m256i noise) {
     const __m256i exponent = _mm256_set1_epi32(0x7F800000), mantissa = _mm256_set1_epi32(0x007FFFFF);
     const __m256i special = _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent);
-    const __m256i nan = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(bits, mantissa), _mm256_setzero_si256()),
-                                            _mm256_set1_epi32(0x40));
+    const __m256i nan =
+        _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(bits, mantissa), _mm256_setzero_si256()), _mm256_set1_epi32(0x40));
     const __m256i kept = _mm256_or_si256(_mm256_srli_epi32(bits, 16), nan);
     const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, noise), 16);
     const __m256i out = _mm256_blendv_epi8(rounded, kept, special);
@@ -149,7 +149,8 @@ struct Avx2Lanes {
     const uint32_t lo0 = static_cast<uint32_t>(index), hi0 = static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32);
     const __m256i lo = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-    const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(lo0)), sign), _mm256_xor_si256(lo, sign));
+    const __m256i wrapped =
+        _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(lo0)), sign), _mm256_xor_si256(lo, sign));
     const __m256i hi = _mm256_sub_epi32(_mm256_set1_epi32(static_cast<int>(hi0)), wrapped);
     const __m256i s0 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed)));
     const __m256i s1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed >> 32)));
@@ -251,14 +252,12 @@ DenseKernel resolve(DenseKernel k) {
 
 // Threads over groups of 64 elements (a whole number of vectors per thread), at least 32K a thread.
 template <class Scalars>
-void run(void (*const fns[3])(const Scalars&, const DenseRefs&, int64_t, int64_t), DenseKernel kernel,
-         const Scalars& s, const DenseRefs& r, int64_t n) {
+void run(void (*const fns[3])(const Scalars&, const DenseRefs&, int64_t, int64_t), DenseKernel kernel, const Scalars& s, const DenseRefs& r,
+         int64_t n) {
   const DenseKernel k = resolve(kernel);
   auto fn = fns[k == DenseKernel::avx512 ? 2 : k == DenseKernel::avx2 ? 1 : 0];
   constexpr int64_t group = 64;
-  at::parallel_for(0, (n + group - 1) / group, 32768 / group, [&](int64_t b, int64_t e) {
-    fn(s, r, b * group, std::min(n, e * group));
-  });
+  at::parallel_for(0, (n + group - 1) / group, 32768 / group, [&](int64_t b, int64_t e) { fn(s, r, b * group, std::min(n, e * group)); });
 }
 
 #if FRUGAL_X86_KERNELS
@@ -300,8 +299,8 @@ const AtenRounding& aten_rounding() {
     };
     for (size_t i = 0; i < n; ++i) {
       a[i] = std::fabs(next(static_cast<uint32_t>(i % 254 + 1)));  // positive normals of every exponent
-      b[i] = next(127 + static_cast<uint32_t>(i % 8));              // [1, 256) either sign
-      c[i] = next(120 + static_cast<uint32_t>(i % 8));              // [2^-7, 2) either sign
+      b[i] = next(127 + static_cast<uint32_t>(i % 8));             // [1, 256) either sign
+      c[i] = next(120 + static_cast<uint32_t>(i % 8));             // [2^-7, 2) either sign
     }
     const auto fp32 = at::TensorOptions().dtype(at::kFloat);
     const int64_t size = static_cast<int64_t>(n);
@@ -345,13 +344,13 @@ DenseKernel dense_kernel_chosen() {
 
 bool adam_dense_kernel_applies(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v) {
   const int64_t n = p.defined() ? p.numel() : 0;
-  return dense(p, n, true) && dense(g, n, true) && dense(m, n, true) && dense(v, n, true) &&
-         m.scalar_type() == v.scalar_type();
+  return dense(p, n, true) && dense(g, n, true) && dense(m, n, true) && dense(v, n, true) && m.scalar_type() == v.scalar_type();
 }
 
-void adam_step_dense_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, const at::Tensor& m,
-                         const at::Tensor& v, const Bf16Rounding& rounding, DenseKernel kernel) {
-  TORCH_CHECK(adam_dense_kernel_applies(p, g, m, v), "adam_step_dense_cpu: parameter, gradient and moments must be contiguous "
+void adam_step_dense_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                         const Bf16Rounding& rounding, DenseKernel kernel) {
+  TORCH_CHECK(adam_dense_kernel_applies(p, g, m, v),
+              "adam_step_dense_cpu: parameter, gradient and moments must be contiguous "
               "CPU tensors of one size, fp32 or bf16 (the moments of one dtype)");
   AdamScalars s;
   set_adam_scalars(h, s);
@@ -360,8 +359,13 @@ void adam_step_dense_cpu(const AdamStep& h, const at::Tensor& p, const at::Tenso
   s.stochastic = rounding.stochastic;
   s.seed = rounding.seed;
   s.first_index = rounding.first_index;
-  const DenseRefs r{p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.scalar_type() == at::kBFloat16,
-                    g.scalar_type() == at::kBFloat16, m.scalar_type() == at::kBFloat16};
+  const DenseRefs r{p.data_ptr(),
+                    g.data_ptr(),
+                    m.data_ptr(),
+                    v.data_ptr(),
+                    p.scalar_type() == at::kBFloat16,
+                    g.scalar_type() == at::kBFloat16,
+                    m.scalar_type() == at::kBFloat16};
   run(kAdam, kernel, s, r, p.numel());
   for (const at::Tensor* t : {&p, &m, &v}) mark_written(*t);
 }
@@ -371,13 +375,17 @@ bool sgd_dense_kernel_applies(const at::Tensor& p, const at::Tensor& g, const at
   return dense(p, n, false) && dense(g, n, false) && (!buf.defined() || dense(buf, n, false));
 }
 
-void sgd_step_dense_cpu(const SgdStep& h, const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf, bool first,
-                        DenseKernel kernel) {
-  TORCH_CHECK(sgd_dense_kernel_applies(p, g, buf), "sgd_step_dense_cpu: parameter, gradient and buffer must be contiguous "
+void sgd_step_dense_cpu(const SgdStep& h, const at::Tensor& p, const at::Tensor& g, const at::Tensor& buf, bool first, DenseKernel kernel) {
+  TORCH_CHECK(sgd_dense_kernel_applies(p, g, buf),
+              "sgd_step_dense_cpu: parameter, gradient and buffer must be contiguous "
               "fp32 CPU tensors of one size");
   TORCH_CHECK(buf.defined() == (h.momentum != 0), "sgd_step_dense_cpu: a momentum buffer exactly when momentum is not 0");
-  SgdScalars s{static_cast<float>(h.weight_decay), static_cast<float>(h.momentum), static_cast<float>(1 - h.dampening),
-               static_cast<float>(-h.lr), h.nesterov, first};
+  SgdScalars s{static_cast<float>(h.weight_decay),
+               static_cast<float>(h.momentum),
+               static_cast<float>(1 - h.dampening),
+               static_cast<float>(-h.lr),
+               h.nesterov,
+               first};
   const DenseRefs r{p.data_ptr(), g.data_ptr(), buf.defined() ? buf.data_ptr() : nullptr, nullptr, false, false, false};
   run(kSgd, kernel, s, r, p.numel());
   mark_written(p);

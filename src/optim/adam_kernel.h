@@ -49,8 +49,8 @@ bool adam_dense_kernel_applies(const at::Tensor& p, const at::Tensor& g, const a
 // in fp32 with set_adam_scalars' constants. bf16 values are widened to fp32 and rounded back: the
 // moments to nearest even, the parameter per `rounding` (stochastic noise hashed from the seed and
 // the element's index in p, as the quantized kernel does it). p, g, m, v: (n) elements each.
-void adam_step_dense_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, const at::Tensor& m,
-                         const at::Tensor& v, const Bf16Rounding& rounding, DenseKernel kernel = DenseKernel::automatic);
+void adam_step_dense_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                         const Bf16Rounding& rounding, DenseKernel kernel = DenseKernel::automatic);
 
 struct SgdStep {
   double lr, weight_decay, momentum, dampening;

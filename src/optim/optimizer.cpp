@@ -46,9 +46,7 @@ namespace {
 enum class Pass { step, measure_norm };
 
 // The clip coefficient min(1, max_norm / (norm + 1e-6)) as a tensor (no device sync).
-at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
-  return (max_norm / (norm + 1e-6)).clamp_max(1.0);
-}
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) { return (max_norm / (norm + 1e-6)).clamp_max(1.0); }
 
 }  // namespace
 
@@ -82,9 +80,7 @@ struct Optimizer::Impl {
   // Whether params is split over the ranks (each holds a slice): its norm is a sum over them.
   static bool split(const Param& p) { return p.begin < p.end && !whole(p); }
   // The part of a parameter-shaped tensor (the parameter, its gradient) this rank updates.
-  static at::Tensor own(const Param& p, const at::Tensor& t) {
-    return whole(p) ? t : t.view({-1}).narrow(0, p.begin, p.end - p.begin);
-  }
+  static at::Tensor own(const Param& p, const at::Tensor& t) { return whole(p) ? t : t.view({-1}).narrow(0, p.begin, p.end - p.begin); }
   std::vector<double> group_lr, group_base_lr, group_weight_decay;
   int64_t micro_steps = 0;
   int64_t steps_taken = 0;
@@ -99,8 +95,8 @@ struct Optimizer::Impl {
   std::vector<std::shared_ptr<const void>> code_tables;  // quantized state's shared tables, built up front
   Pass pass = Pass::step;
   bool norm_ready = false;
-  at::Tensor norm_sq;       // sum of squared gradient norms in the measuring pass (double)
-  at::Tensor global_coef;   // the clip coefficient for the stepping pass
+  at::Tensor norm_sq;      // sum of squared gradient norms in the measuring pass (double)
+  at::Tensor global_coef;  // the clip coefficient for the stepping pass
   // data parallel (exchange.h)
   std::shared_ptr<Exchange> exchange;
   struct Pending {
@@ -108,7 +104,7 @@ struct Optimizer::Impl {
     at::Tensor grad;  // being averaged; the parameter's .grad is already reset
     Exchange::Wait wait;
   };
-  std::deque<Pending> pending;      // in-backward: gradients being averaged, oldest first
+  std::deque<Pending> pending;  // in-backward: gradients being averaged, oldest first
   int64_t pending_bytes = 0;
   int64_t bytes_in_flight = kDefaultBytesInFlight;
   std::vector<Exchange::Wait> shares;  // owners' updated parameters on their way to the other ranks
@@ -186,9 +182,7 @@ struct Optimizer::Impl {
   void update(Param& p, const at::Tensor& grad) {
     memory::CategoryScope scope(memory::Category::optimizer_state);
     const auto t0 = std::chrono::steady_clock::now();
-    auto moved = [&p] {
-      return (p.state.m ? p.state.m->transfer_seconds() : 0.0) + (p.state.v ? p.state.v->transfer_seconds() : 0.0);
-    };
+    auto moved = [&p] { return (p.state.m ? p.state.m->transfer_seconds() : 0.0) + (p.state.v ? p.state.v->transfer_seconds() : 0.0); };
     const double moved_before = moved();
     at::Tensor target = own(p, p.tensor);
     apply_update(hyper(p.group), p.state, target, own(p, grad));
@@ -290,8 +284,8 @@ void check_options(const OptimizerOptions& o) {
   }
   if (o.mode() == Mode::in_backward && o.accumulation_steps() > 1) {
     bad("in-backward mode updates each parameter during backward and frees its gradient, so gradients cannot be "
-        "accumulated over " + std::to_string(o.accumulation_steps()) +
-        " micro-batches; use standard mode to accumulate, or a larger batch");
+        "accumulated over " +
+        std::to_string(o.accumulation_steps()) + " micro-batches; use standard mode to accumulate, or a larger batch");
   }
 }
 
@@ -315,30 +309,43 @@ void refuse_amsgrad(bool amsgrad, const char* options) {
 
 AdamWOptions::operator OptimizerOptions() const {
   refuse_amsgrad(amsgrad(), "AdamWOptions");
-  return memory_options().algorithm(Algorithm::adamw).lr(lr()).beta1(std::get<0>(betas())).beta2(std::get<1>(betas()))
-      .eps(eps()).weight_decay(weight_decay());
+  return memory_options()
+      .algorithm(Algorithm::adamw)
+      .lr(lr())
+      .beta1(std::get<0>(betas()))
+      .beta2(std::get<1>(betas()))
+      .eps(eps())
+      .weight_decay(weight_decay());
 }
 
 AdamOptions::operator OptimizerOptions() const {
   refuse_amsgrad(amsgrad(), "AdamOptions");
-  return memory_options().algorithm(Algorithm::adam).lr(lr()).beta1(std::get<0>(betas())).beta2(std::get<1>(betas()))
-      .eps(eps()).weight_decay(weight_decay());
+  return memory_options()
+      .algorithm(Algorithm::adam)
+      .lr(lr())
+      .beta1(std::get<0>(betas()))
+      .beta2(std::get<1>(betas()))
+      .eps(eps())
+      .weight_decay(weight_decay());
 }
 
 SGDOptions::operator OptimizerOptions() const {
-  return memory_options().algorithm(Algorithm::sgd).lr(lr()).momentum(momentum()).dampening(dampening())
-      .weight_decay(weight_decay()).nesterov(nesterov());
+  return memory_options()
+      .algorithm(Algorithm::sgd)
+      .lr(lr())
+      .momentum(momentum())
+      .dampening(dampening())
+      .weight_decay(weight_decay())
+      .nesterov(nesterov());
 }
 
 Optimizer::Optimizer(const std::vector<at::Tensor>& parameters, const OptimizerOptions& options)
     : Optimizer(std::vector<ParamGroup>{ParamGroup(parameters)}, options) {}
 
-Optimizer::Optimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
-                     const OptimizerOptions& options)
+Optimizer::Optimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const OptimizerOptions& options)
     : Optimizer(one_group(named_parameters), options) {}
 
-Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& options)
-    : impl_(std::make_shared<Impl>()) {
+Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& options) : impl_(std::make_shared<Impl>()) {
   check_options(options);
   impl_->options = options;
   std::map<std::string, int> seen;
@@ -350,8 +357,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
     }
     position += group.params.size();
     if (group.names.size() != group.params.size()) {
-      throw std::invalid_argument("optimizer: group " + std::to_string(g) + " has " +
-                                  std::to_string(group.names.size()) + " names for " +
+      throw std::invalid_argument("optimizer: group " + std::to_string(g) + " has " + std::to_string(group.names.size()) + " names for " +
                                   std::to_string(group.params.size()) + " parameters");
     }
     const double lr = group.lr.value_or(options.lr());
@@ -515,10 +521,10 @@ void Optimizer::set_exchange(std::shared_ptr<Exchange> exchange) {
   for (size_t i = 0; i < impl_->params.size(); ++i) {
     Impl::Param& p = impl_->params[i];
     const auto range = impl_->exchange ? impl_->exchange->owned_range(i) : std::make_pair<int64_t, int64_t>(0, p.tensor.numel());
-    TORCH_CHECK(range.first >= 0 && range.first <= range.second && range.second <= p.tensor.numel(),
-                "optimizer: the exchange's range of '", p.name, "' is outside its ", p.tensor.numel(), " elements");
-    TORCH_CHECK((range.first == 0 && range.second == p.tensor.numel()) || p.tensor.is_contiguous(),
-                "optimizer: parameter '", p.name, "' must be contiguous to be split over ranks");
+    TORCH_CHECK(range.first >= 0 && range.first <= range.second && range.second <= p.tensor.numel(), "optimizer: the exchange's range of '",
+                p.name, "' is outside its ", p.tensor.numel(), " elements");
+    TORCH_CHECK((range.first == 0 && range.second == p.tensor.numel()) || p.tensor.is_contiguous(), "optimizer: parameter '", p.name,
+                "' must be contiguous to be split over ranks");
     if (range.first != p.begin || range.second != p.end) p.state = ParamState();  // its state lives with its owner
     p.begin = range.first;
     p.end = range.second;
@@ -664,7 +670,10 @@ void Optimizer::load_state(const StateDictSource& source) {
                  (whole ? !shape.equals(param_shape) : !(shape.size() == 1 && shape[0] == end - begin))) {
         std::ostringstream m;
         m << key << " " << shape << " vs " << (whole ? "parameter " : "a slice of ");
-        if (whole) m << param_shape; else m << "[" << end - begin << "]";
+        if (whole)
+          m << param_shape;
+        else
+          m << "[" << end - begin << "]";
         bad_shape.push_back(m.str());
       }
       SavedSlice& slice = parsed[name][{begin, end}];
@@ -696,11 +705,13 @@ void Optimizer::load_state(const StateDictSource& source) {
         }
       }
       if (range.first != covered) {
-        bad_shape.push_back(name + ": the saved slices leave a gap or overlap at element " + std::to_string(std::min(covered, range.first)));
+        bad_shape.push_back(name + ": the saved slices leave a gap or overlap at element " +
+                            std::to_string(std::min(covered, range.first)));
       }
       covered = std::max(covered, range.second);
     }
-    if (covered != n) bad_shape.push_back(name + ": the saved slices end at element " + std::to_string(covered) + " of " + std::to_string(n));
+    if (covered != n)
+      bad_shape.push_back(name + ": the saved slices end at element " + std::to_string(covered) + " of " + std::to_string(n));
   }
   if (!source.entries.empty()) {
     for (const auto& p : impl_->params) {
@@ -733,7 +744,10 @@ void Optimizer::load_state(const StateDictSource& source) {
     if (!t.defined() || !t.sizes().equals(entry.shape)) {
       std::ostringstream m;
       m << "optimizer: state entry " << entry.name << " was listed as " << entry.shape << " but loaded as ";
-      if (t.defined()) m << t.sizes(); else m << "no tensor";
+      if (t.defined())
+        m << t.sizes();
+      else
+        m << "no tensor";
       throw std::invalid_argument(m.str());
     }
     check_state_values(entry, t);
@@ -752,8 +766,8 @@ void Optimizer::load_state(const StateDictSource& source) {
     for (auto& p : impl_->params) {
       auto it = parsed.find(p.name);
       if (it == parsed.end() || !impl_->owns(p)) continue;  // another rank's: it loads its own
-      const at::Tensor target = Impl::own(p, p.tensor);      // what this rank updates
-      TensorDict f;  // field -> tensor, this parameter's (this range's) only
+      const at::Tensor target = Impl::own(p, p.tensor);     // what this rank updates
+      TensorDict f;                                         // field -> tensor, this parameter's (this range's) only
       const auto exact = it->second.find({p.begin, p.end});
       if (exact != it->second.end()) {
         for (const auto& [field, entry] : exact->second.fields) f[field] = load_entry(entry);
@@ -831,7 +845,8 @@ torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archi
   TensorDict state;
   for (const auto& item : value.toGenericDict()) {
     if (!item.key().isString() || !item.value().isTensor()) {
-      throw std::invalid_argument(std::string("optimizer: the archive's '") + kArchiveKey + "' holds an entry that is not a name and a tensor");
+      throw std::invalid_argument(std::string("optimizer: the archive's '") + kArchiveKey +
+                                  "' holds an entry that is not a name and a tensor");
     }
     state.emplace(item.key().toStringRef(), item.value().toTensor());
   }

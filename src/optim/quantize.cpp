@@ -148,9 +148,7 @@ QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is
   absmax_ = at::zeros({blocks}, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
-int64_t QuantizedBuffer::bytes() const {
-  return codes_.numel() * static_cast<int64_t>(codes_.element_size()) + absmax_.numel() * 4;
-}
+int64_t QuantizedBuffer::bytes() const { return codes_.numel() * static_cast<int64_t>(codes_.element_size()) + absmax_.numel() * 4; }
 
 at::Tensor QuantizedBuffer::load(int64_t begin, int64_t end) const {
   TORCH_CHECK(begin % block_ == 0 && begin <= end && end <= numel_, "QuantizedBuffer::load: bad range");
@@ -172,8 +170,8 @@ void QuantizedBuffer::store(int64_t begin, int64_t end, const at::Tensor& values
   const int64_t b0 = begin / block_, b1 = (end + block_ - 1) / block_, n = (b1 - b0) * block_;
   at::Tensor v = values.to(map_.device(), at::kFloat).reshape({-1});
   if (n != v.numel()) v = at::cat({v, at::zeros({n - v.numel()}, v.options())});  // the short last block
-  const at::Tensor blocks = v.view({b1 - b0, block_});                        // (blocks, block)
-  const at::Tensor absmax = std::get<0>(blocks.abs().max(1));                 // (blocks)
+  const at::Tensor blocks = v.view({b1 - b0, block_});                            // (blocks, block)
+  const at::Tensor absmax = std::get<0>(blocks.abs().max(1));                     // (blocks)
   const at::Tensor scale = absmax.clamp_min(1e-30).unsqueeze(1);
   const at::Tensor normalized = (blocks / scale).clamp(signed_ ? -1.0 : 0.0, 1.0).reshape({n});
   const at::Tensor codes = at::searchsorted(boundaries_, normalized).to(at::kByte);  // nearest entry
@@ -187,8 +185,8 @@ void QuantizedBuffer::store(int64_t begin, int64_t end, const at::Tensor& values
 }
 
 void QuantizedBuffer::assign(const at::Tensor& codes, const at::Tensor& absmax) {
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.numel() == codes_.numel(), "quantized state: codes of ",
-              codes.numel(), " bytes, expected ", codes_.numel());
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.numel() == codes_.numel(), "quantized state: codes of ", codes.numel(),
+              " bytes, expected ", codes_.numel());
   TORCH_CHECK(absmax.numel() == absmax_.numel(), "quantized state: ", absmax.numel(), " scales, expected ", absmax_.numel());
   codes_.copy_(codes.reshape({-1}));
   absmax_.copy_(absmax.reshape({-1}).to(at::kFloat));
@@ -242,8 +240,7 @@ __attribute__((noinline)) void decode_block(const uint8_t* codes, const float* m
 }
 
 // Normalized values to codes, one byte each.
-__attribute__((noinline)) void encode_block(const float* x, const uint8_t* lut, const float* boundaries, uint8_t* codes,
-                                            int64_t count) {
+__attribute__((noinline)) void encode_block(const float* x, const uint8_t* lut, const float* boundaries, uint8_t* codes, int64_t count) {
   for (int64_t j = 0; j < count; ++j) codes[j] = nearest_code(x[j], lut, boundaries);
 }
 
@@ -337,8 +334,8 @@ FRUGAL_AVX2 void update_block_avx2(const BlockStep& s, int64_t b, float* m, floa
       gj = _mm256_add_ps(gj, _mm256_mul_ps(wd, pj));
     }
     const __m256 mj = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(m + j), am), b1), _mm256_mul_ps(one_b1, gj));
-    const __m256 vj = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(v + j), av), b2),
-                                    _mm256_mul_ps(_mm256_mul_ps(one_b2, gj), gj));
+    const __m256 vj =
+        _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(v + j), av), b2), _mm256_mul_ps(_mm256_mul_ps(one_b2, gj), gj));
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vj), sqrt_bc2), eps);
     _mm256_storeu_ps(p + j, _mm256_add_ps(pj, _mm256_mul_ps(step, _mm256_div_ps(mj, denom))));
     _mm256_store_ps(m + j, mj);
@@ -367,8 +364,7 @@ FRUGAL_AVX2 void decode_block4_avx2(const uint8_t* codes, const float* map, floa
   for (int64_t j = 0; j < count; j += 8) {
     const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
     const __m256 high = _mm256_castsi256_ps(_mm256_cmpgt_epi32(index, seven));
-    _mm256_store_ps(out + j, _mm256_blendv_ps(_mm256_permutevar8x32_ps(low_half, index),
-                                              _mm256_permutevar8x32_ps(high_half, index), high));
+    _mm256_store_ps(out + j, _mm256_blendv_ps(_mm256_permutevar8x32_ps(low_half, index), _mm256_permutevar8x32_ps(high_half, index), high));
   }
 }
 
@@ -423,15 +419,14 @@ void widen_bf16(const uint16_t* in, float* out, int64_t count, int64_t block) {
 
 // fp32 to bf16: to nearest even, or stochastically (add 16 bits of noise, keep the top half).
 // Infinities stay; a NaN stays a (quiet) NaN of the same sign.
-inline __attribute__((always_inline)) void narrow_bf16_body(const float* in, uint16_t* out, int64_t count, bool stochastic,
-                                                             uint64_t seed, int64_t first) {
+inline __attribute__((always_inline)) void narrow_bf16_body(const float* in, uint16_t* out, int64_t count, bool stochastic, uint64_t seed,
+                                                            int64_t first) {
   const uint32_t s0 = static_cast<uint32_t>(seed), s1 = static_cast<uint32_t>(seed >> 32);
   for (int64_t j = 0; j < count; ++j) {
     uint32_t bits;
     std::memcpy(&bits, in + j, 4);
     const uint64_t index = static_cast<uint64_t>(first + j);
-    const uint32_t noise = stochastic ? rounding_noise(s0, s1, index)
-                                      : 0x7FFFu + ((bits >> 16) & 1u);
+    const uint32_t noise = stochastic ? rounding_noise(s0, s1, index) : 0x7FFFu + ((bits >> 16) & 1u);
     const bool special = (bits & 0x7F800000u) == 0x7F800000u;
     const uint32_t quiet = (bits & 0x007FFFFFu) != 0 ? 0x40u : 0u;
     out[j] = static_cast<uint16_t>(special ? (bits >> 16) | quiet : (bits + noise) >> 16);
@@ -443,8 +438,8 @@ void narrow_bf16_portable(const float* in, uint16_t* out, int64_t count, bool st
 }
 #if FRUGAL_X86_KERNELS
 // The same loop compiled for AVX2, where the hash's 32-bit multiplies vectorise.
-__attribute__((target("avx2"))) void narrow_bf16_avx2(const float* in, uint16_t* out, int64_t count, bool stochastic,
-                                                      uint64_t seed, int64_t first) {
+__attribute__((target("avx2"))) void narrow_bf16_avx2(const float* in, uint16_t* out, int64_t count, bool stochastic, uint64_t seed,
+                                                      int64_t first) {
   narrow_bf16_body(in, out, count, stochastic, seed, first);
 }
 #endif
@@ -566,12 +561,13 @@ void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel k)
 }
 
 // The fused step over [begin, end) with s's parameter and gradient pointers already set.
-void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin,
-                     int64_t end, QuantKernel kernel) {
+void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin, int64_t end,
+                     QuantKernel kernel) {
   TORCH_CHECK(m.bits() == v.bits() && m.block() == v.block() && begin % m.block() == 0, "adam_step_quantized_cpu: mismatched state");
   TORCH_CHECK(m.codes().device().is_cpu(), "adam_step_quantized_cpu: the state must be on the CPU");
   TORCH_CHECK(m.block() <= 256, "adam_step_quantized_cpu: blocks of at most 256 values");
-  TORCH_CHECK(end <= m.numel() && (end == m.numel() || end % m.block() == 0), "adam_step_quantized_cpu: the range must end on a block or at the end");
+  TORCH_CHECK(end <= m.numel() && (end == m.numel() || end % m.block() == 0),
+              "adam_step_quantized_cpu: the range must end on a block or at the end");
   set_adam_scalars(h, s);
   s.begin = begin;
   s.numel = end;
@@ -627,22 +623,20 @@ QuantKernel quant_kernel_chosen() {
 
 bool quant_kernel_vectorized() { return quant_kernel_chosen() != QuantKernel::portable; }
 
-void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
-                             int64_t begin, int64_t end, QuantKernel kernel) {
+void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin,
+                             int64_t end, QuantKernel kernel) {
   BlockStep s;
   s.p = p;
   s.g = g;
   adam_step_fused(h, s, m, v, begin, end, kernel);
 }
 
-void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
-                             QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding,
-                             QuantKernel kernel) {
+void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v,
+                             int64_t begin, int64_t end, const Bf16Rounding& rounding, QuantKernel kernel) {
   auto check = [&](const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.numel() == end - begin &&
                     (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
-                "adam_step_quantized_cpu: the ", what, " must be a contiguous fp32 or bf16 CPU tensor of ", end - begin,
-                " elements");
+                "adam_step_quantized_cpu: the ", what, " must be a contiguous fp32 or bf16 CPU tensor of ", end - begin, " elements");
   };
   check(p, "parameter");
   check(g, "gradient");

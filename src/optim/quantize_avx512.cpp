@@ -170,8 +170,8 @@ const Avx512CodeTables* avx512_code_tables(const float* map, const float* bounda
 #if FRUGAL_X86_KERNELS
 
 bool avx512_quant_supported() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx2");
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
+                          __builtin_cpu_supports("avx2");
   return has;
 }
 
@@ -247,13 +247,16 @@ FRUGAL_AVX512 inline void encode8(const Avx512CodeTables& t, const __m512 x[4], 
   const __m512i low = _mm512_set1_epi16(0xFF);
   const __m512i index = _mm512_packus_epi16(_mm512_and_si512(_mm512_packus_epi32(cell[0], cell[1]), low),
                                             _mm512_and_si512(_mm512_packus_epi32(cell[2], cell[3]), low));
-  const __mmask64 second = _mm512_movepi8_mask(_mm512_packs_epi16(_mm512_packs_epi32(half[0], half[1]), _mm512_packs_epi32(half[2], half[3])));
+  const __mmask64 second =
+      _mm512_movepi8_mask(_mm512_packs_epi16(_mm512_packs_epi32(half[0], half[1]), _mm512_packs_epi32(half[2], half[3])));
   const __mmask64 upper = _mm512_movepi8_mask(index);
   const __m512i* table = reinterpret_cast<const __m512i*>(t.cell_code);
-  const __m512i first_half = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(_mm512_load_si512(table), index, _mm512_load_si512(table + 1)),
-                                                    _mm512_permutex2var_epi8(_mm512_load_si512(table + 2), index, _mm512_load_si512(table + 3)));
-  const __m512i second_half = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(_mm512_load_si512(table + 4), index, _mm512_load_si512(table + 5)),
-                                                     _mm512_permutex2var_epi8(_mm512_load_si512(table + 6), index, _mm512_load_si512(table + 7)));
+  const __m512i first_half =
+      _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(_mm512_load_si512(table), index, _mm512_load_si512(table + 1)),
+                             _mm512_permutex2var_epi8(_mm512_load_si512(table + 2), index, _mm512_load_si512(table + 3)));
+  const __m512i second_half =
+      _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(_mm512_load_si512(table + 4), index, _mm512_load_si512(table + 5)),
+                             _mm512_permutex2var_epi8(_mm512_load_si512(table + 6), index, _mm512_load_si512(table + 7)));
   const __m512i code = _mm512_mask_blend_epi8(second, first_half, second_half);  // transposed order
   // one more if the midpoint above the cell's lowest value (+inf after the last) is below x
   __m512 bound[4];
@@ -279,8 +282,8 @@ FRUGAL_AVX512 inline void encode4(const Avx512CodeTables& t, const __m512 x[4], 
   // byte each, and those 32 bytes put back in order: byte 8r + 2L + u is word 8L + 2r + u
   const __m512i codes = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
   const __m512i pairs = _mm512_maddubs_epi16(codes, _mm512_set1_epi16(0x1001));  // low + 16 * high
-  const __m512i order = _mm512_set_epi16(31, 30, 23, 22, 15, 14, 7, 6, 29, 28, 21, 20, 13, 12, 5, 4,
-                                         27, 26, 19, 18, 11, 10, 3, 2, 25, 24, 17, 16, 9, 8, 1, 0);
+  const __m512i order = _mm512_set_epi16(31, 30, 23, 22, 15, 14, 7, 6, 29, 28, 21, 20, 13, 12, 5, 4, 27, 26, 19, 18, 11, 10, 3, 2, 25, 24,
+                                         17, 16, 9, 8, 1, 0);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(packed), _mm512_cvtepi16_epi8(_mm512_permutexvar_epi16(order, pairs)));
 }
 

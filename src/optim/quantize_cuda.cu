@@ -46,8 +46,7 @@ __device__ __forceinline__ float load_value(const uint16_t* x, int64_t i) { retu
 // quantize.cpp's narrow_bf16_body for one value at parameter index `index`.
 __device__ __forceinline__ uint16_t narrow_bf16(float x, bool stochastic, uint32_t s0, uint32_t s1, uint64_t index) {
   const uint32_t bits = __float_as_uint(x);
-  const uint32_t noise = stochastic ? rounding_noise(s0, s1, index)
-                                    : 0x7FFFu + ((bits >> 16) & 1u);
+  const uint32_t noise = stochastic ? rounding_noise(s0, s1, index) : 0x7FFFu + ((bits >> 16) & 1u);
   const bool special = (bits & 0x7F800000u) == 0x7F800000u;
   const uint32_t quiet = (bits & 0x007FFFFFu) != 0 ? 0x40u : 0u;
   return static_cast<uint16_t>(special ? (bits >> 16) | quiet : (bits + noise) >> 16);
@@ -97,8 +96,8 @@ __device__ __forceinline__ void write_code(uint8_t* codes, int j, uint8_t code) 
 //   p, g: the range's elements (element 0 is the parameter's element `begin`)
 //   first_block: the range's first block in the parameter; end: the range's end in the parameter
 template <int Bits, typename P, typename G>
-__global__ void adam_quantized_kernel(StepConstants s, P* p, const G* g, MomentView mv, MomentView vv, int64_t begin,
-                                      int64_t end, int64_t first_block) {
+__global__ void adam_quantized_kernel(StepConstants s, P* p, const G* g, MomentView mv, MomentView vv, int64_t begin, int64_t end,
+                                      int64_t first_block) {
   __shared__ float scratch[8];
   const int block = blockDim.x, j = threadIdx.x;
   const int64_t local_block = blockIdx.x, b = first_block + local_block;
@@ -143,18 +142,17 @@ MomentView view_of(const at::Tensor& codes, const at::Tensor& absmax, const Code
 }
 
 template <int Bits, typename P, typename G>
-void launch(const StepConstants& s, P* p, const G* g, const MomentView& m, const MomentView& v, int64_t begin, int64_t end,
-            int64_t block) {
+void launch(const StepConstants& s, P* p, const G* g, const MomentView& m, const MomentView& v, int64_t begin, int64_t end, int64_t block) {
   const int64_t first = begin / block, blocks = (end + block - 1) / block - first;
   if (blocks == 0) return;
-  adam_quantized_kernel<Bits, P, G><<<static_cast<unsigned>(blocks), static_cast<unsigned>(block), 0,
-                                      at::cuda::getCurrentCUDAStream()>>>(s, p, g, m, v, begin, end, first);
+  adam_quantized_kernel<Bits, P, G><<<static_cast<unsigned>(blocks), static_cast<unsigned>(block), 0, at::cuda::getCurrentCUDAStream()>>>(
+      s, p, g, m, v, begin, end, first);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <int Bits>
-void launch_typed(const StepConstants& s, const at::Tensor& p, const at::Tensor& g, const MomentView& m,
-                  const MomentView& v, int64_t begin, int64_t end, int64_t block) {
+void launch_typed(const StepConstants& s, const at::Tensor& p, const at::Tensor& g, const MomentView& m, const MomentView& v, int64_t begin,
+                  int64_t end, int64_t block) {
   const bool p16 = p.scalar_type() == at::kBFloat16, g16 = g.scalar_type() == at::kBFloat16;
   auto* pf = p16 ? nullptr : p.data_ptr<float>();
   auto* pb = p16 ? reinterpret_cast<uint16_t*>(p.data_ptr<at::BFloat16>()) : nullptr;
@@ -166,8 +164,8 @@ void launch_typed(const StepConstants& s, const at::Tensor& p, const at::Tensor&
   if (p16 && g16) launch<Bits>(s, pb, gb, m, v, begin, end, block);
 }
 
-double adam_step(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v,
-                 int64_t begin, int64_t end, const Bf16Rounding& rounding, const CodeTables& mt, const CodeTables& vt) {
+double adam_step(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin,
+                 int64_t end, const Bf16Rounding& rounding, const CodeTables& mt, const CodeTables& vt) {
   auto check = [&](const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.is_cuda() && t.device() == p.device() && t.is_contiguous() && t.numel() == end - begin &&
                     (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),

@@ -18,8 +18,8 @@ struct Avx512CodeTables;  // quantize_avx512.cpp
 struct BlockStep {
   float b1, b2, one_b1, one_b2, eps, wd, decay, sqrt_bc2, step;
   bool decoupled;
-  float* p;        // the parameter's elements [begin, end), when fp32 (else null)
-  const float* g;  // its gradient, the same range, when fp32 (else null)
+  float* p;                      // the parameter's elements [begin, end), when fp32 (else null)
+  const float* g;                // its gradient, the same range, when fp32 (else null)
   uint16_t* pb = nullptr;        // the parameter's elements as bf16 bits, when bf16
   const uint16_t* gb = nullptr;  // the gradient's, when bf16
   bool stochastic = false;       // bf16 parameter: stochastic rounding with `seed`

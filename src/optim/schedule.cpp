@@ -30,9 +30,8 @@ double schedule_factor(const ScheduleOptions& o, int64_t t) {
   if (t < 0) throw std::invalid_argument("schedule: step must be >= 0");
   const bool decays = o.kind() == ScheduleKind::cosine || o.kind() == ScheduleKind::linear_decay;
   if (decays && o.total_steps() <= o.warmup_steps()) {
-    throw std::invalid_argument(std::string("schedule: ") + schedule_name(o.kind()) +
-                                " needs total_steps > warmup_steps, got " + std::to_string(o.total_steps()) +
-                                " and " + std::to_string(o.warmup_steps()));
+    throw std::invalid_argument(std::string("schedule: ") + schedule_name(o.kind()) + " needs total_steps > warmup_steps, got " +
+                                std::to_string(o.total_steps()) + " and " + std::to_string(o.warmup_steps()));
   }
   if (decays && !(o.min_lr_ratio() >= 0 && o.min_lr_ratio() <= 1)) {
     throw std::invalid_argument("schedule: min_lr_ratio must be in [0, 1]");
@@ -43,13 +42,13 @@ double schedule_factor(const ScheduleOptions& o, int64_t t) {
     case ScheduleKind::constant:
     case ScheduleKind::linear_warmup: return 1.0;
     case ScheduleKind::cosine: {
-      const double progress = std::min(1.0, static_cast<double>(t - o.warmup_steps()) /
-                                                static_cast<double>(o.total_steps() - o.warmup_steps()));
+      const double progress =
+          std::min(1.0, static_cast<double>(t - o.warmup_steps()) / static_cast<double>(o.total_steps() - o.warmup_steps()));
       return o.min_lr_ratio() + (1 - o.min_lr_ratio()) * 0.5 * (1 + std::cos(M_PI * progress));
     }
     case ScheduleKind::linear_decay: {
-      const double remaining = std::max(0.0, static_cast<double>(o.total_steps() - t) /
-                                                 static_cast<double>(o.total_steps() - o.warmup_steps()));
+      const double remaining =
+          std::max(0.0, static_cast<double>(o.total_steps() - t) / static_cast<double>(o.total_steps() - o.warmup_steps()));
       return o.min_lr_ratio() + (1 - o.min_lr_ratio()) * remaining;
     }
     case ScheduleKind::step:
@@ -59,8 +58,7 @@ double schedule_factor(const ScheduleOptions& o, int64_t t) {
   return 1.0;
 }
 
-LRScheduler::LRScheduler(Optimizer& optimizer, const ScheduleOptions& options)
-    : optimizer_(optimizer), options_(options) {
+LRScheduler::LRScheduler(Optimizer& optimizer, const ScheduleOptions& options) : optimizer_(optimizer), options_(options) {
   schedule_factor(options_, 0);  // validates
   apply();
 }

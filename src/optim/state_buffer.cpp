@@ -110,8 +110,8 @@ void check_state_dir_space(const std::string& dir, int64_t bytes) {
   const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
   if (static_cast<double>(bytes) > free) {
     const int64_t shown = free >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(free);
-    throw std::invalid_argument(dir + " has " + io::human_bytes(shown) + " free; the optimizer state files need " +
-                                io::human_bytes(bytes) + ": free space there or set optimizer.state_dir elsewhere");
+    throw std::invalid_argument(dir + " has " + io::human_bytes(shown) + " free; the optimizer state files need " + io::human_bytes(bytes) +
+                                ": free space there or set optimizer.state_dir elsewhere");
   }
 }
 
@@ -146,8 +146,12 @@ StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& o) {
 }
 
 StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOptions& o)
-    : numel_(param.numel()), shape_(param.sizes().vec()), precision_(effective_precision(param.numel(), o)),
-      placement_(o.placement()), signed_(is_signed), mmap_dir_(o.mmap_dir()) {
+    : numel_(param.numel()),
+      shape_(param.sizes().vec()),
+      precision_(effective_precision(param.numel(), o)),
+      placement_(o.placement()),
+      signed_(is_signed),
+      mmap_dir_(o.mmap_dir()) {
   device_ = placement_ == StatePlacement::device ? param.device() : at::Device(at::kCPU);
   // Chunks of the streamed update hold whole blocks (256 values for the unquantized precisions).
   const int64_t block = state_block_size(precision_) > 1 ? state_block_size(precision_) : 256;

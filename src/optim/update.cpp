@@ -52,8 +52,7 @@ namespace {
 AdamStep adam_step_of(const Hyper& h, int64_t step) {
   const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
   const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
-  return AdamStep{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2,
-                  h.algorithm == Algorithm::adamw};
+  return AdamStep{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2, h.algorithm == Algorithm::adamw};
 }
 
 // How the fused kernels round a bf16 parameter: stochastically with one seed per update, drawn from
@@ -138,8 +137,8 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
       const int64_t e = std::min(n, b + span);
       const Window window(state, b, e);
       rounding.first_index = b;
-      adam_step_dense_cpu(step, p_flat.narrow(0, b, e - b), g_flat.narrow(0, b, e - b), dm.narrow(0, b, e - b),
-                          dv.narrow(0, b, e - b), rounding);
+      adam_step_dense_cpu(step, p_flat.narrow(0, b, e - b), g_flat.narrow(0, b, e - b), dm.narrow(0, b, e - b), dv.narrow(0, b, e - b),
+                          rounding);
     }
     return;
   }
@@ -161,7 +160,8 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     p.addcdiv_(m, denom, -h.lr / bias_correction1);
     state.m->store(b, e, m);
     state.v->store(b, e, v);
-    if (!fp32_param) p_view.copy_(h.stochastic_rounding && param.scalar_type() == at::kBFloat16 ? stochastic_round_bf16(p) : p.to(param.scalar_type()));
+    if (!fp32_param)
+      p_view.copy_(h.stochastic_rounding && param.scalar_type() == at::kBFloat16 ? stochastic_round_bf16(p) : p.to(param.scalar_type()));
   }
 }
 

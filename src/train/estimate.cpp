@@ -178,8 +178,7 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   const bool head_grad_is_gradient = !tied || kAutogradSumsInPlace;
   const bool accumulating = !in_backward && r.optimizer.accumulation_steps() > 1;
   const bool loss_grad_is_gradient = head_grad_is_gradient && !accumulating;
-  moments.push_back({"backward, in the loss", kept_all,
-                     a.loss_backward_temporary + (loss_grad_is_gradient ? 0 : a.loss_weight_gradient),
+  moments.push_back({"backward, in the loss", kept_all, a.loss_backward_temporary + (loss_grad_is_gradient ? 0 : a.loss_weight_gradient),
                      loss_grad_is_gradient ? a.loss_weight_gradient : 0});
   //  each segment's backward (last first): what the blocks before it keep, its blocks' activations
   //  all live (recomputed when checkpointed), its working set, and the gradients live by then
@@ -229,9 +228,10 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   //  in place (the two live), else into a new tensor (the two and their sum live). In backward mode
   //  the summed gradient is then used by its update and freed.
   {
-    const int64_t embedding_grad = head_grad;  // (V, H), like the head's
+    const int64_t embedding_grad = head_grad;                        // (V, H), like the head's
     const int64_t others = in_backward ? in_flight() : later_grads;  // later_grads holds a tied head's gradient, if any
-    Moment m{"backward of the embedding", packed_kept, 0, checked_add(others, tied && head_grad_is_gradient ? 0 : embedding_grad, "the gradients")};
+    Moment m{"backward of the embedding", packed_kept, 0,
+             checked_add(others, tied && head_grad_is_gradient ? 0 : embedding_grad, "the gradients")};
     if (tied) m.temporary = checked_add(pending_head_temporary, embedding_grad, "the temporaries");
     if (in_backward && tied) m.gradient = checked_add(m.gradient, pending_head_gradient, "the gradients");
     moments.push_back(m);
@@ -252,8 +252,8 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     for (Moment& m : moments) m.gradient = std::max(m.gradient, P);
   }
   for (const Moment& m : moments) checked_add(checked_add(m.activation, m.temporary, "the peak"), m.gradient, "the peak");
-  const Moment peak = *std::max_element(moments.begin(), moments.end(),
-                                        [](const Moment& x, const Moment& y) { return x.total() < y.total(); });
+  const Moment peak =
+      *std::max_element(moments.begin(), moments.end(), [](const Moment& x, const Moment& y) { return x.total() < y.total(); });
   est.peak_at = peak.what;
   auto& cat = est.by_category;
   cat[static_cast<int>(Category::parameter)] = P;
@@ -272,8 +272,8 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, const DataParallel& dp,
                                         const std::vector<checkpoint::Segment>* plan) {
   if (dp.world_size < 1 || dp.rank < 0 || dp.rank >= dp.world_size || r.batch_size % dp.world_size != 0) {
-    throw RecipeError("train.batch_size " + std::to_string(r.batch_size) + " does not split evenly over " +
-                      std::to_string(dp.world_size) + " ranks (rank " + std::to_string(dp.rank) + ")");
+    throw RecipeError("train.batch_size " + std::to_string(r.batch_size) + " does not split evenly over " + std::to_string(dp.world_size) +
+                      " ranks (rank " + std::to_string(dp.rank) + ")");
   }
   try {
     if (dp.world_size > 1) {
@@ -337,8 +337,8 @@ std::string explain_memory_limit(const Recipe& recipe, int64_t vocab_size, const
   } else {
     out << "the memory limit of " << io::human_bytes(limit_bytes) << " was exceeded";
   }
-  out << " at step " << report.step << " (" << memory::phase_name(report.phase) << "), with "
-      << io::human_bytes(report.live_bytes) << " live:";
+  out << " at step " << report.step << " (" << memory::phase_name(report.phase) << "), with " << io::human_bytes(report.live_bytes)
+      << " live:";
   for (memory::Category c : memory::kAllCategories) {
     const int64_t b = report.by_category[static_cast<int>(c)];
     if (b > 0) out << "\n  " << memory::category_name(c) << " " << io::human_bytes(b);

@@ -49,12 +49,12 @@ int64_t to_int(const std::string& v, int64_t min, int64_t max) {
 // end and that their products are checked (models::kMaxSizeBytes) rather than wrapped.
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // widths, heads, vocabulary (SentencePiece ids are 32-bit)
-constexpr int64_t kMaxTokens = int64_t{1} << 24; // sequence lengths, batch, generated tokens, eval batches
-constexpr int64_t kMaxCount = int64_t{1} << 40;  // steps, intervals, chunk sizes
+constexpr int64_t kMaxTokens = int64_t{1} << 24;     // sequence lengths, batch, generated tokens, eval batches
+constexpr int64_t kMaxCount = int64_t{1} << 40;      // steps, intervals, chunk sizes
 constexpr int64_t kMaxSeed = std::numeric_limits<int64_t>::max();
 // Upper bounds of the real-valued keys: past any recipe that trains, and finite.
 constexpr double kMaxRopeTheta = 1e12;
-constexpr double kMaxRate = 100;           // learning rate, weight decay
+constexpr double kMaxRate = 100;  // learning rate, weight decay
 constexpr double kMaxGradNorm = 1e12;
 
 double to_double(const std::string& v, double min, double max) {
@@ -120,6 +120,7 @@ std::string allowed_text(F parse) {
   return "text";
 }
 
+// clang-format off
 // Each macro takes the recipe member as an expression of `r` (TORCH_ARG accessors included):
 // assigned when the key is read, read when the recipe is written back.
 #define INT_FIELD(key, expr, min, max) \
@@ -140,6 +141,7 @@ std::string allowed_text(F parse) {
 #define ENUM_FIELD(key, expr, parse, name, all) \
   {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }, \
    allowed_text([](const std::string& v) { return one_of(parse(v), all, name); })}
+// clang-format on
 
 // The enum value of v, nullopt for the word `none` names (data.format's text, data.template's auto),
 // or "one of <none>, <every name>".
@@ -152,10 +154,12 @@ std::optional<E> optional_one_of(const std::string& v, const char* none, std::op
   for (E e : all) list += ", " + std::string(name(e));
   throw std::invalid_argument("one of " + list);
 }
+// clang-format off
 #define OPTIONAL_ENUM_FIELD(key, expr, none, parse, name, all) \
   {key, [](Recipe& r, const std::string& v) { expr = optional_one_of(v, none, parse(v), all, name); }, \
    [](const Recipe& r) { return std::string(expr ? name(*expr) : none); }, \
    allowed_text([](const std::string& v) { return optional_one_of(v, none, parse(v), all, name); })}
+// clang-format on
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
@@ -190,10 +194,16 @@ const std::vector<Field>& fields() {
       STRING_FIELD("data.role_field", r.examples.fields.role),
       STRING_FIELD("data.content_field", r.examples.fields.content),
       BOOL_FIELD("data.train_on_prompt", r.examples.train_on_prompt),
-      {"data.bad_examples", [](Recipe& r, const std::string& v) { r.examples.skip_bad = one_of(v, {"error", "skip"}) == "skip"; },
+      {"data.bad_examples",
+       [](Recipe& r, const std::string& v) {
+         r.examples.skip_bad = one_of(v, {"error", "skip"}) == "skip";
+       },
        [](const Recipe& r) { return std::string(r.examples.skip_bad ? "skip" : "error"); }, "one of error, skip"},
       BOOL_FIELD("data.packing", r.packing),
-      {"data.overlong", [](Recipe& r, const std::string& v) { r.drop_overlong = one_of(v, {"truncate", "drop"}) == "drop"; },
+      {"data.overlong",
+       [](Recipe& r, const std::string& v) {
+         r.drop_overlong = one_of(v, {"truncate", "drop"}) == "drop";
+       },
        [](const Recipe& r) { return std::string(r.drop_overlong ? "drop" : "truncate"); }, "one of truncate, drop"},
       STRING_FIELD("data.corpus", r.corpus),
       STRING_FIELD("data.validation", r.validation),
@@ -213,12 +223,11 @@ const std::vector<Field>& fields() {
       INT_FIELD("train.checkpoint_interval", r.checkpoint_interval, 0, kMaxCount),
       INT_FIELD("train.keep_checkpoints", r.keep_checkpoints, 1, kMaxTokens),
       STRING_FIELD("train.out_dir", r.out_dir),
-      {"train.device", [](Recipe& r, const std::string& v) { r.device = to_device(v); },
-       [](const Recipe& r) { return r.device.str(); }, "cpu, cuda or cuda:N"},
+      {"train.device", [](Recipe& r, const std::string& v) { r.device = to_device(v); }, [](const Recipe& r) { return r.device.str(); },
+       "cpu, cuda or cuda:N"},
       STRING_FIELD("train.sample_prompt", r.sample_prompt),
       INT_FIELD("train.sample_tokens", r.sample_tokens, 0, kMaxTokens),
-      ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name,
-                 optim::kAllAlgorithms),
+      ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name, optim::kAllAlgorithms),
       DOUBLE_FIELD("optimizer.lr", r.optimizer.lr(), 0.0, kMaxRate),
       DOUBLE_FIELD("optimizer.weight_decay", r.optimizer.weight_decay(), 0.0, kMaxRate),
       DOUBLE_FIELD("optimizer.beta1", r.optimizer.beta1(), 0.0, 1.0),
@@ -230,10 +239,10 @@ const std::vector<Field>& fields() {
        [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }, "true or false"},
       ENUM_FIELD("optimizer.clip", r.optimizer.clip(), optim::parse_clip, optim::clip_name, optim::kAllClips),
       DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0, kMaxGradNorm),
-      ENUM_FIELD("optimizer.state_precision", r.optimizer.state().precision(), optim::parse_precision,
-                 optim::precision_name, optim::kAllStatePrecisions),
-      ENUM_FIELD("optimizer.state_placement", r.optimizer.state().placement(), optim::parse_placement,
-                 optim::placement_name, optim::kAllStatePlacements),
+      ENUM_FIELD("optimizer.state_precision", r.optimizer.state().precision(), optim::parse_precision, optim::precision_name,
+                 optim::kAllStatePrecisions),
+      ENUM_FIELD("optimizer.state_placement", r.optimizer.state().placement(), optim::parse_placement, optim::placement_name,
+                 optim::kAllStatePlacements),
       STRING_FIELD("optimizer.state_dir", r.optimizer.state().mmap_dir()),
       {"optimizer.state_window",
        [](Recipe& r, const std::string& v) {
@@ -245,8 +254,7 @@ const std::vector<Field>& fields() {
        },
        [](const Recipe& r) { return std::to_string(r.optimizer.state().window_bytes()); }, "bytes (67108864, 256MiB)"},
       BOOL_FIELD("optimizer.stochastic_rounding", r.optimizer.stochastic_rounding()),
-      ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name,
-                 optim::kAllScheduleKinds),
+      ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name, optim::kAllScheduleKinds),
       INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0, kMaxCount),
       DOUBLE_FIELD("schedule.min_lr_ratio", r.schedule.min_lr_ratio(), 0.0, 1.0),
       {"memory.checkpointing",
@@ -303,9 +311,7 @@ class ExpansionCheck : public YAML::EventHandler {
   void OnDocumentStart(const YAML::Mark&) override {}
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override { leaf(m, anchor); }
-  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, const std::string&) override {
-    leaf(m, anchor);
-  }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, const std::string&) override { leaf(m, anchor); }
   void OnAlias(const YAML::Mark& m, YAML::anchor_t anchor) override {
     for (const Open& o : open_) {
       if (o.anchor == anchor && anchor != YAML::NullAnchor) fail(m, "an alias refers to the node that contains it");
@@ -317,9 +323,7 @@ class ExpansionCheck : public YAML::EventHandler {
     start(m, anchor);
   }
   void OnSequenceEnd() override { end(); }
-  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, YAML::EmitterStyle::value) override {
-    start(m, anchor);
-  }
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, YAML::EmitterStyle::value) override { start(m, anchor); }
   void OnMapEnd() override { end(); }
 
  private:
@@ -375,7 +379,8 @@ void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std:
              const std::string& source) {
   if (node.IsMap()) {
     for (const auto& item : node) {
-      if (!item.first.IsScalar()) throw RecipeError(source + ": the keys of " + (prefix.empty() ? "the recipe" : prefix) + " must be names");
+      if (!item.first.IsScalar())
+        throw RecipeError(source + ": the keys of " + (prefix.empty() ? "the recipe" : prefix) + " must be names");
       const std::string key = item.first.Scalar();
       flatten(item.second, prefix.empty() ? key : prefix + "." + key, out, source);
     }
@@ -409,15 +414,18 @@ void validate_data(const Recipe& r, const Shown& shown, const std::set<std::stri
     // An example key set to anything but its default (a saved recipe writes every key).
     const Recipe defaults;
     for (const std::string& key : set_keys) {
-      const bool example_key = (key.rfind("data.", 0) == 0 && key.size() > 6 &&
-                                (key.compare(key.size() - 6, 6, "_field") == 0 || key == "data.template" || key == "data.train_on_prompt" ||
-                                 key == "data.bad_examples" || key == "data.packing" || key == "data.overlong" || key == "data.validation")) ||
-                               key == "train.epochs";
+      const bool example_key =
+          (key.rfind("data.", 0) == 0 && key.size() > 6 &&
+           (key.compare(key.size() - 6, 6, "_field") == 0 || key == "data.template" || key == "data.train_on_prompt" ||
+            key == "data.bad_examples" || key == "data.packing" || key == "data.overlong" || key == "data.validation")) ||
+          key == "train.epochs";
       if (example_key && find_field(key)->get(r) != find_field(key)->get(defaults)) {
-        bad(shown(key) + " applies to examples only, and " + shown("data.format") + " is text (set data.format to alpaca, prompt_completion or messages)");
+        bad(shown(key) + " applies to examples only, and " + shown("data.format") +
+            " is text (set data.format to alpaca, prompt_completion or messages)");
       }
     }
-    if (r.corpus.find('\n') != std::string::npos) bad("data.corpus: a list of paths needs data.format examples; text takes one file or folder");
+    if (r.corpus.find('\n') != std::string::npos)
+      bad("data.corpus: a list of paths needs data.format examples; text takes one file or folder");
     return;
   }
   if (!r.sample_prompt.empty()) {
@@ -427,14 +435,19 @@ void validate_data(const Recipe& r, const Shown& shown, const std::set<std::stri
     bad(shown("train.epochs") + " and " + shown("train.steps") + " both say how long to train: set one");
   }
   if (!r.validation.empty() && set_keys.count("data.val_fraction")) {
-    bad(shown("data.val_fraction") + " holds out a share of the examples, but " + shown("data.validation") + " names the validation examples: set one");
+    bad(shown("data.val_fraction") + " holds out a share of the examples, but " + shown("data.validation") +
+        " names the validation examples: set one");
   }
   if (r.corpus.empty() && r.tokens.empty()) bad("data.corpus (the JSON Lines examples) must be set");
   const data::ExampleFields& f = r.examples.fields;
-  for (const auto& [key, value] : {std::make_pair("data.instruction_field", &f.instruction), {"data.input_field", &f.input},
-                                   {"data.output_field", &f.output}, {"data.prompt_field", &f.prompt},
-                                   {"data.completion_field", &f.completion}, {"data.messages_field", &f.messages},
-                                   {"data.role_field", &f.role}, {"data.content_field", &f.content}}) {
+  for (const auto& [key, value] : {std::make_pair("data.instruction_field", &f.instruction),
+                                   {"data.input_field", &f.input},
+                                   {"data.output_field", &f.output},
+                                   {"data.prompt_field", &f.prompt},
+                                   {"data.completion_field", &f.completion},
+                                   {"data.messages_field", &f.messages},
+                                   {"data.role_field", &f.role},
+                                   {"data.content_field", &f.content}}) {
     if (value->empty()) bad(std::string(key) + " must name a key of the examples' objects");
   }
 }
@@ -481,8 +494,8 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
         ") in one pass; use global_norm_two_pass or per_param_norm");
   }
   const optim::ScheduleKind kind = r.schedule.kind();
-  if ((kind == optim::ScheduleKind::cosine || kind == optim::ScheduleKind::linear_decay) &&
-      r.schedule.warmup_steps() >= r.steps && r.epochs == 0) {  // with epochs: checked by resolve_epochs
+  if ((kind == optim::ScheduleKind::cosine || kind == optim::ScheduleKind::linear_decay) && r.schedule.warmup_steps() >= r.steps &&
+      r.epochs == 0) {  // with epochs: checked by resolve_epochs
     bad(shown("schedule.warmup_steps") + " must be below " + shown("train.steps"));
   }
   r.schedule.total_steps(r.steps);
@@ -499,8 +512,7 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
   }
   int64_t tokens = 0;
   if (__builtin_mul_overflow(r.steps, r.batch_size * r.seq_len, &tokens)) {
-    bad(shown("train.steps") + " x " + shown("train.batch_size") + " x " + shown("train.seq_len") +
-        ": the tokens of the run pass 2^63");
+    bad(shown("train.steps") + " x " + shown("train.batch_size") + " x " + shown("train.seq_len") + ": the tokens of the run pass 2^63");
   }
   // The data files follow train.out_dir unless set (see recipe.h).
   if (r.tokenizer.empty()) r.tokenizer = r.out_dir + "/tokenizer.model";
@@ -575,7 +587,8 @@ const std::map<std::string, const char*>& meanings() {
        "(LibTorch 2.0 or later) runs at::scaled_dot_product_attention's fused kernels, which keep one fp32 "
        "log-sum-exp per query instead"},
       {"model.dtype", "dtype of parameters and activations"},
-      {"model.compute_dtype", "precision of the matrix products for fp32 parameters (autocast; auto: bf16 where the device has bf16 matrix instructions)"},
+      {"model.compute_dtype",
+       "precision of the matrix products for fp32 parameters (autocast; auto: bf16 where the device has bf16 matrix instructions)"},
       {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init); its config.json defines the model"},
       {"model.ignore_dropout", "train without the dropout init_from's config.json asks for (frugal has none; false refuses a nonzero one)"},
       {"data.format",
@@ -593,20 +606,30 @@ const std::map<std::string, const char*>& meanings() {
       {"data.role_field", "messages: the key of a turn's role (system, user or assistant)"},
       {"data.content_field", "messages: the key of a turn's text"},
       {"data.train_on_prompt", "examples: take the loss on the prompts too (false: on the answers only, the prompts masked)"},
-      {"data.bad_examples", "examples: a malformed example stops the run naming file, line and field (error), or is counted and skipped (skip)"},
-      {"data.packing", "examples: pack several into each row (attention and positions kept within each example) instead of one a row padded to the longest"},
+      {"data.bad_examples",
+       "examples: a malformed example stops the run naming file, line and field (error), or is counted and skipped (skip)"},
+      {"data.packing",
+       "examples: pack several into each row (attention and positions kept within each example) instead of one a row padded to the "
+       "longest"},
       {"data.overlong", "examples longer than train.seq_len: truncated (their answer cut) or dropped; the run reports how many"},
-      {"data.corpus", "text file or folder the tokenizer and tokens are made from; with examples, JSON Lines files or folders (a list names several)"},
+      {"data.corpus",
+       "text file or folder the tokenizer and tokens are made from; with examples, JSON Lines files or folders (a list names several)"},
       {"data.validation", "examples: JSON Lines file(s) held out for validation (empty: the last data.val_fraction of the examples)"},
-      {"data.tokenizer", "SentencePiece .model, tokenizer.json or model folder; a .model is trained when missing (empty: <out_dir>/tokenizer.model; with model.init_from: the model's own)"},
-      {"data.train_tokenizer", "with model.init_from: train a new tokenizer rather than use the model's (its ids then differ from the model's)"},
-      {"data.tokens", "token file, made when missing (empty: <out_dir>/corpus.tokens); with examples the examples file (empty: <out_dir>/train.examples, validation beside it as .val)"},
+      {"data.tokenizer",
+       "SentencePiece .model, tokenizer.json or model folder; a .model is trained when missing (empty: <out_dir>/tokenizer.model; with "
+       "model.init_from: the model's own)"},
+      {"data.train_tokenizer",
+       "with model.init_from: train a new tokenizer rather than use the model's (its ids then differ from the model's)"},
+      {"data.tokens",
+       "token file, made when missing (empty: <out_dir>/corpus.tokens); with examples the examples file (empty: <out_dir>/train.examples, "
+       "validation beside it as .val)"},
       {"data.val_fraction", "share of the tokens (or examples) held out for validation, above 0 and below 1"},
       {"train.batch_size", "sequences per micro-batch (a step takes train.gradient_accumulation_steps of them)"},
       {"train.gradient_accumulation_steps", "micro-batches of train.batch_size rows per optimizer step (standard mode only)"},
       {"train.seq_len", "tokens per sequence"},
       {"train.steps", "optimizer steps of the run (the schedule's length)"},
-      {"train.epochs", "examples: passes over the training examples, which set train.steps once they are tokenized (0: train.steps as given)"},
+      {"train.epochs",
+       "examples: passes over the training examples, which set train.steps once they are tokenized (0: train.steps as given)"},
       {"train.seed", "seed of initialisation, batches and dropout"},
       {"train.log_interval", "steps between metric lines"},
       {"train.eval_interval", "steps between validation losses (0: never)"},
@@ -662,10 +685,9 @@ std::vector<std::string> recipe_keys() {
 }
 
 const std::vector<std::string>& architecture_keys() {
-  static const std::vector<std::string> keys = {"model.arch",      "model.vocab_size",  "model.dim",
-                                                "model.n_layers",  "model.n_heads",     "model.n_kv_heads",
-                                                "model.ffn_dim",   "model.max_seq_len", "model.rope_theta",
-                                                "model.norm_eps",  "model.tie_embeddings"};
+  static const std::vector<std::string> keys = {"model.arch",       "model.vocab_size", "model.dim",           "model.n_layers",
+                                                "model.n_heads",    "model.n_kv_heads", "model.ffn_dim",       "model.max_seq_len",
+                                                "model.rope_theta", "model.norm_eps",   "model.tie_embeddings"};
   return keys;
 }
 

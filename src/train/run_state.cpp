@@ -96,9 +96,8 @@ void check_parameters_finite(models::DecoderImpl& model, int64_t step) {
 
 }  // namespace
 
-std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model,
-                           const optim::Optimizer& optimizer, const std::string& recipe_yaml,
-                           const std::string& tokenizer_path, int64_t keep, dist::Group* group) {
+std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model, const optim::Optimizer& optimizer,
+                           const std::string& recipe_yaml, const std::string& tokenizer_path, int64_t keep, dist::Group* group) {
   check_parameters_finite(model, state.step);
   const bool sharded = group && group->size() > 1;
   const bool rank0 = !group || group->rank() == 0;
@@ -139,10 +138,14 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
     std::ostringstream json;
     io::JsonWriter w(json);
     w.begin_object()
-        .key("step").value(state.step)
-        .key("schedule_step").value(state.schedule_step)
-        .key("last_loss").value(state.last_loss)
-        .key("rng_cpu").value(state.rng_state_hex)
+        .key("step")
+        .value(state.step)
+        .key("schedule_step")
+        .value(state.schedule_step)
+        .key("last_loss")
+        .value(state.last_loss)
+        .key("rng_cpu")
+        .value(state.rng_state_hex)
         .end_object();
     io::write_file_atomic(tmp_dir + "/trainer_state.json", json.str());
     io::write_file_atomic(tmp_dir + "/recipe.yaml", recipe_yaml);
@@ -278,8 +281,7 @@ RunState read_trainer_state(const std::string& checkpoint_dir, int64_t max_step)
   return s;
 }
 
-RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer,
-                        int64_t max_step) {
+RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer, int64_t max_step) {
   // The cheap checks first; nothing is applied to the process (RNG) until everything has loaded.
   const RunState s = read_trainer_state(checkpoint_dir, max_step);
   models::load_hf_weights(model, checkpoint_dir);

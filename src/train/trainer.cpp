@@ -77,10 +77,9 @@ class MetricsFile {
   }
 
   void step(int64_t step, double loss, double lr, double tokens_per_s, int64_t live_bytes, int64_t peak_bytes) {
-    std::fprintf(file_.get(),
-                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f, \"live_bytes\": %lld, \"peak_bytes\": %lld}\n",
-                 static_cast<long long>(step), loss, lr, tokens_per_s, static_cast<long long>(live_bytes),
-                 static_cast<long long>(peak_bytes));
+    std::fprintf(
+        file_.get(), "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f, \"live_bytes\": %lld, \"peak_bytes\": %lld}\n",
+        static_cast<long long>(step), loss, lr, tokens_per_s, static_cast<long long>(live_bytes), static_cast<long long>(peak_bytes));
     std::fflush(file_.get());
   }
 
@@ -166,7 +165,8 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     from_model = true;
   }
   if (!io::path_exists(p.tokenizer_path) && !r.text_data()) {
-    throw RecipeError("data.tokenizer " + p.tokenizer_path + " does not exist: examples are tokenized with the model's tokenizer "
+    throw RecipeError("data.tokenizer " + p.tokenizer_path +
+                      " does not exist: examples are tokenized with the model's tokenizer "
                       "(model.init_from's, or data.tokenizer); frugal trains tokenizers on text corpora only (frugal tokenizer train)");
   }
   if (!io::path_exists(p.tokenizer_path)) {
@@ -177,7 +177,8 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     }
     if (!r.init_from.empty() && !r.train_tokenizer) {
       throw RecipeError("model.init_from " + r.init_from + " has no tokenizer (tokenizer.json or tokenizer.model) and data.tokenizer " +
-                        p.tokenizer_path + " does not exist: give the model's tokenizer as data.tokenizer, or set "
+                        p.tokenizer_path +
+                        " does not exist: give the model's tokenizer as data.tokenizer, or set "
                         "data.train_tokenizer: true to train a new one (the model's ids then mean other text)");
     }
     const int64_t vocab = r.model.vocab_size > 0 ? r.model.vocab_size : 4096;
@@ -202,8 +203,9 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
   if (!r.init_from.empty()) {
     // The model's vocabulary is the file's; a smaller tokenizer leaves rows unused (padded vocabularies).
     if (p.vocab_size > r.model.vocab_size) {
-      throw RecipeError("the tokenizer " + p.tokenizer_path + " has " + std::to_string(p.vocab_size) + " pieces, more than the vocab_size " +
-                        std::to_string(r.model.vocab_size) + " of model.init_from " + r.init_from + " (its last tokens would have no embedding)");
+      throw RecipeError("the tokenizer " + p.tokenizer_path + " has " + std::to_string(p.vocab_size) +
+                        " pieces, more than the vocab_size " + std::to_string(r.model.vocab_size) + " of model.init_from " + r.init_from +
+                        " (its last tokens would have no embedding)");
     }
   } else if (r.model.vocab_size > 0 && r.model.vocab_size != p.vocab_size) {
     throw RecipeError("model.vocab_size " + std::to_string(r.model.vocab_size) + " differs from the tokenizer's " +
@@ -247,8 +249,8 @@ PreparedData prepare_data(const Recipe& r, const LogFn& log) {
     io::make_directories(io::parent_path(p.tokens_path));
     const data::CorpusTokens made = data::tokenize_corpus(r.corpus, tok, p.tokens_path);
     io::write_file_atomic(stamp_path, stamp);
-    log("tokenized " + std::to_string(made.documents) + (made.documents == 1 ? " document" : " documents") + " from " + r.corpus + " into " +
-        std::to_string(made.tokens) + " tokens: " + p.tokens_path);
+    log("tokenized " + std::to_string(made.documents) + (made.documents == 1 ? " document" : " documents") + " from " + r.corpus +
+        " into " + std::to_string(made.tokens) + " tokens: " + p.tokens_path);
   }
   say_tokenizer();
   return p;
@@ -314,14 +316,13 @@ class Trainer {
     const int64_t window = r_.seq_len + 1;
     if (dataset_->val_tokens() < window) {
       throw RecipeError("data.val_fraction " + std::to_string(r_.val_fraction) + " of the " +
-                        std::to_string(dataset_->train_tokens() + dataset_->val_tokens()) + " tokens of " + data_.tokens_path +
-                        " leaves " + std::to_string(dataset_->val_tokens()) + " for validation, fewer than train.seq_len + 1 = " +
-                        std::to_string(window));
+                        std::to_string(dataset_->train_tokens() + dataset_->val_tokens()) + " tokens of " + data_.tokens_path + " leaves " +
+                        std::to_string(dataset_->val_tokens()) +
+                        " for validation, fewer than train.seq_len + 1 = " + std::to_string(window));
     }
     if (dataset_->train_tokens() < window) {
-      throw RecipeError("data.val_fraction " + std::to_string(r_.val_fraction) + " leaves " +
-                        std::to_string(dataset_->train_tokens()) + " tokens of " + data_.tokens_path +
-                        " for training, fewer than train.seq_len + 1 = " + std::to_string(window));
+      throw RecipeError("data.val_fraction " + std::to_string(r_.val_fraction) + " leaves " + std::to_string(dataset_->train_tokens()) +
+                        " tokens of " + data_.tokens_path + " for training, fewer than train.seq_len + 1 = " + std::to_string(window));
     }
   }
 
@@ -343,8 +344,8 @@ class Trainer {
       val_end = file->size();
     }
     if (train_end < 1) {
-      throw RecipeError("data.val_fraction " + recipe_number(r_.val_fraction) + " of the " + std::to_string(file->size()) + " examples of " +
-                        data_.tokens_path + " leaves none for training (give more examples, or data.validation)");
+      throw RecipeError("data.val_fraction " + recipe_number(r_.val_fraction) + " of the " + std::to_string(file->size()) +
+                        " examples of " + data_.tokens_path + " leaves none for training (give more examples, or data.validation)");
     }
     if (val_end - val_first < 1) throw RecipeError("data.validation holds no examples");
     data::ExampleBatches::Options o;
@@ -370,8 +371,8 @@ class Trainer {
     r_ = resolve_epochs(r_, e.steps_per_epoch);
     std::string line = std::to_string(e.train_examples) + " training and " + std::to_string(e.val_examples) + " validation examples; " +
                        std::to_string(e.steps_per_epoch) + " steps an epoch of " + std::to_string(o.rows_per_step) + " rows (" +
-                       (r_.packing ? "packed" : "one example a row") + ", " + std::to_string(static_cast<int>(std::lround(100 * e.padding_share))) +
-                       "% padding)";
+                       (r_.packing ? "packed" : "one example a row") + ", " +
+                       std::to_string(static_cast<int>(std::lround(100 * e.padding_share))) + "% padding)";
     if (epochs > 0) line += ", " + std::to_string(epochs) + " epochs = " + std::to_string(r_.steps) + " steps";
     if (e.truncated + e.dropped > 0) {
       line += "; " + std::to_string(e.truncated + e.dropped) + " over train.seq_len " + std::to_string(r_.seq_len) + " " +
@@ -406,8 +407,7 @@ class Trainer {
         } catch (const std::invalid_argument& e) {
           throw RecipeError(std::string("model.init_from: ") + e.what());
         }
-        log_("loaded " + std::to_string(loaded) + " tensors (" + std::to_string(cfg_.param_count()) + " parameters) from " +
-             r_.init_from);
+        log_("loaded " + std::to_string(loaded) + " tensors (" + std::to_string(cfg_.param_count()) + " parameters) from " + r_.init_from);
       }
     }
     result_.n_params = cfg_.param_count();
@@ -444,8 +444,9 @@ class Trainer {
       return;
     }
     // The plan is made on a full micro-batch of train.seq_len tokens (examples' rows are at most that).
-    const at::Tensor tokens = r_.text_data() ? batch(0).micro.front().tokens
-                                             : at::zeros({micro_rows(), r_.seq_len}, at::TensorOptions().dtype(at::kLong).device(r_.device));
+    const at::Tensor tokens = r_.text_data()
+                                  ? batch(0).micro.front().tokens
+                                  : at::zeros({micro_rows(), r_.seq_len}, at::TensorOptions().dtype(at::kLong).device(r_.device));
     at::Tensor embedded;
     {
       at::NoGradGuard no_grad;
@@ -545,11 +546,11 @@ class Trainer {
     // loss divided by the label tokens of the whole step (every micro-batch, every rank), as
     // transformers does with labels of -100, so an example's tokens weigh the same wherever it lands.
     const int64_t micro = r_.optimizer.accumulation_steps();
-    const models::LossOptions loss_options =
-        b.sum_loss ? models::LossOptions(r_.loss).reduction(loss::Reduction::sum) : r_.loss;
+    const models::LossOptions loss_options = b.sum_loss ? models::LossOptions(r_.loss).reduction(loss::Reduction::sum) : r_.loss;
     const double world = group_ ? static_cast<double>(group_->size()) : 1.0;
-    const double scale = !b.sum_loss ? 1.0 / static_cast<double>(micro)
-                         : b.label_tokens > 0 ? world / static_cast<double>(b.label_tokens) : 0.0;  // ranks' gradients are averaged
+    const double scale = !b.sum_loss          ? 1.0 / static_cast<double>(micro)
+                         : b.label_tokens > 0 ? world / static_cast<double>(b.label_tokens)
+                                              : 0.0;  // ranks' gradients are averaged
     double value = 0;
     try {
       for (int64_t k = 0; k < micro; ++k) {
@@ -626,8 +627,7 @@ class Trainer {
     p.peak_bytes = tracker_->peak_bytes();
     p.eta_s = elapsed / static_cast<double>(done - start_) * static_cast<double>(r_.steps - done);
     p.at_log_interval = done % r_.log_interval == 0 || done == r_.steps;
-    p.interval_tokens_per_s = static_cast<double>(tokens_since_log_) /
-                              std::max(std::chrono::duration<double>(now - t_log_).count(), 1e-9);
+    p.interval_tokens_per_s = static_cast<double>(tokens_since_log_) / std::max(std::chrono::duration<double>(now - t_log_).count(), 1e-9);
     if (p.at_log_interval) {
       t_log_ = now;
       tokens_since_log_ = 0;
@@ -656,8 +656,8 @@ class Trainer {
     s.schedule_step = schedule_->last_step();
     s.rng_state_hex = rng_state_to_hex();
     s.last_loss = loss;
-    result_.checkpoint = save_run_state(r_.out_dir, s, *model_, *optimizer_, recipe_yaml_, data_.tokenizer_path, r_.keep_checkpoints,
-                                        group_.get());
+    result_.checkpoint =
+        save_run_state(r_.out_dir, s, *model_, *optimizer_, recipe_yaml_, data_.tokenizer_path, r_.keep_checkpoints, group_.get());
   }
 
   // Throughput, the measured peak, the final validation loss, and a sample.
@@ -699,8 +699,11 @@ class Trainer {
       log_("sampling " + std::to_string(r_.sample_tokens) + " tokens after \"" + r_.sample_prompt + "\"");
       memory::PhaseScope phase(memory::Phase::sampling);
       checkpoint::AutocastGuard compute(autocast_);
-      result_.sample = models::generate(*model_, *tokenizer_, r_.sample_prompt,
-                                        models::GenerationOptions().max_new_tokens(r_.sample_tokens).temperature(0.8).top_k(40).seed(static_cast<uint64_t>(r_.seed))).text;
+      result_.sample =
+          models::generate(
+              *model_, *tokenizer_, r_.sample_prompt,
+              models::GenerationOptions().max_new_tokens(r_.sample_tokens).temperature(0.8).top_k(40).seed(static_cast<uint64_t>(r_.seed)))
+              .text;
     }
     return std::move(result_);
   }
@@ -709,9 +712,7 @@ class Trainer {
   // ---- Peak memory: the one place the run's peak is measured ----
   // Over every step run here, from the tracker's step summaries: what the terminal, --json-out and
   // the trace's HTML page all report (memory::peak_over_steps; covers_* say which steps).
-  memory::PeakReport peak_memory_after_training() const {
-    return memory::peak_over_steps(tracker_->step_summaries(), start_);
-  }
+  memory::PeakReport peak_memory_after_training() const { return memory::peak_over_steps(tracker_->step_summaries(), start_); }
 
   // Stops the run (a safe point: between phases) once the limit was crossed or an allocation failed.
   void check_memory_limit() const {
@@ -803,9 +804,10 @@ class Trainer {
       for (int64_t i = 0; i < r_.eval_batches; ++i) {
         memory::CategoryScope scope(memory::Category::input);
         const data::ExampleBatch e = val_examples_->eval_batch(i);
-        total += model_->loss(e.tokens.to(r_.device), e.targets.to(r_.device), sum,
-                              e.segments.defined() ? e.segments.to(r_.device) : at::Tensor())
-                     .item<double>();
+        total +=
+            model_
+                ->loss(e.tokens.to(r_.device), e.targets.to(r_.device), sum, e.segments.defined() ? e.segments.to(r_.device) : at::Tensor())
+                .item<double>();
         counted += e.label_tokens;
       }
       return counted > 0 ? total / static_cast<double>(counted) : 0.0;
@@ -824,9 +826,9 @@ class Trainer {
   TrainResult result_;
   PreparedData data_;
   std::optional<data::Tokenizer> tokenizer_;
-  std::optional<data::TokenDataset> dataset_;                 // text
+  std::optional<data::TokenDataset> dataset_;                    // text
   std::optional<data::ExampleBatches> examples_, val_examples_;  // examples
-  std::shared_ptr<const data::ExampleFile> val_file_;           // the validation examples' file, from val_first_
+  std::shared_ptr<const data::ExampleFile> val_file_;            // the validation examples' file, from val_first_
   int64_t val_first_ = 0;
   models::DecoderConfig cfg_;
   std::shared_ptr<memory::Tracker> tracker_;
@@ -837,9 +839,9 @@ class Trainer {
   std::unique_ptr<MetricsFile> metrics_;
   std::shared_ptr<dist::Group> group_;
   DataParallel dp_;
-  std::string compute_line_, plan_line_;  // logged when training starts
+  std::string compute_line_, plan_line_;                                   // logged when training starts
   checkpoint::AutocastState autocast_ = checkpoint::AutocastState::off();  // on when compute_dtype differs from model.dtype
-  std::unique_ptr<checkpoint::ComputeThreadsGuard> threads_;  // thread pools for the compute dtype, until the run ends
+  std::unique_ptr<checkpoint::ComputeThreadsGuard> threads_;               // thread pools for the compute dtype, until the run ends
   dist::Traffic traffic_start_;
   std::string recipe_yaml_;
   int64_t start_ = 0, stop_ = 0;

@@ -76,9 +76,9 @@ TEST(MemoryAccount, TimingAndJson) {
   }
   std::ostringstream json;
   bench::write_account_json(r, json);
-  for (const char* key : {"\"config\"", "\"n_params\"", "\"param_bytes\"", "\"grad_bytes\"", "\"adamw_state_bytes\"",
-                          "\"saved_bytes\"", "\"saved_ratio_vs_none\"", "\"time_s\"", "\"max_grad_diff\"",
-                          "\"predicted_saved_bytes_none\"", "\"measured_over_predicted\""}) {
+  for (const char* key :
+       {"\"config\"", "\"n_params\"", "\"param_bytes\"", "\"grad_bytes\"", "\"adamw_state_bytes\"", "\"saved_bytes\"",
+        "\"saved_ratio_vs_none\"", "\"time_s\"", "\"max_grad_diff\"", "\"predicted_saved_bytes_none\"", "\"measured_over_predicted\""}) {
     EXPECT_NE(json.str().find(key), std::string::npos) << key;
   }
 }

@@ -45,8 +45,7 @@ struct TrainPass {
   double loss = 0;
   std::vector<at::Tensor> grads;
 };
-TrainPass run(const models::DecoderConfig& c, const checkpoint::CheckpointPolicy& policy, const AutocastState& state,
-        bool chunked) {
+TrainPass run(const models::DecoderConfig& c, const checkpoint::CheckpointPolicy& policy, const AutocastState& state, bool chunked) {
   torch::manual_seed(3);
   auto model = models::make_decoder(c);
   model->set_checkpointing(policy);
@@ -199,8 +198,7 @@ TEST(Autocast, ChunkedLossUsesTheForwardsPrecisionInBackward) {
   auto grads = [&](bool backward_inside, bool chunked) {
     const at::Tensor h = h0.clone().requires_grad_(), w = w0.clone().requires_grad_();
     std::optional<AutocastGuard> on(std::in_place, kBf16);
-    at::Tensor loss = chunked ? loss::chunked_cross_entropy(h, w, at::Tensor(), t,
-                                                            loss::ChunkedCrossEntropyOptions().chunk_size(16))
+    at::Tensor loss = chunked ? loss::chunked_cross_entropy(h, w, at::Tensor(), t, loss::ChunkedCrossEntropyOptions().chunk_size(16))
                               : at::cross_entropy_loss(at::linear(h, w).to(at::kFloat), t);
     if (!backward_inside) on.reset();
     loss.backward();

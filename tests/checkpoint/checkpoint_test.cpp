@@ -41,8 +41,7 @@ TEST(Checkpoint, OutputAndEveryGradientEqualThePlainRun) {
 
   at::Tensor y_plain = net(x);
   y_plain.sum().backward();
-  const at::Tensor gx = x.grad().clone(), gw1 = net.w1.grad().clone(), gb1 = net.b1.grad().clone(),
-                   gw2 = net.w2.grad().clone();
+  const at::Tensor gx = x.grad().clone(), gw1 = net.w1.grad().clone(), gb1 = net.b1.grad().clone(), gw2 = net.w2.grad().clone();
   x.mutable_grad().reset();
   net.clear();
 
@@ -171,17 +170,12 @@ TEST(Checkpoint, SelectiveKeepsLinearOutputsWithAndWithoutBias) {
   at::Tensor w1 = at::randn({12, 8}).requires_grad_(), w2 = at::randn({4, 12}).requires_grad_();
   at::Tensor b2 = at::randn({4}).requires_grad_();
   at::Tensor x = at::randn({5, 8}).requires_grad_();
-  auto region = [&](const at::Tensor& in) {
-    return checkpoint::linear(at::gelu(checkpoint::linear(in, w1, at::Tensor())), w2, b2);
-  };
+  auto region = [&](const at::Tensor& in) { return checkpoint::linear(at::gelu(checkpoint::linear(in, w1, at::Tensor())), w2, b2); };
   region(x).pow(2).sum().backward();
   std::vector<at::Tensor> plain = {x.grad().clone(), w1.grad().clone(), w2.grad().clone(), b2.grad().clone()};
   for (auto* t : {&x, &w1, &w2, &b2}) t->mutable_grad().reset();
 
-  checkpoint::checkpoint(region, x, {w1, w2, b2}, checkpoint::CheckpointOptions().keep_linear_outputs(true))
-      .pow(2)
-      .sum()
-      .backward();
+  checkpoint::checkpoint(region, x, {w1, w2, b2}, checkpoint::CheckpointOptions().keep_linear_outputs(true)).pow(2).sum().backward();
   EXPECT_LE(max_diff(x.grad(), plain[0]), 1e-5);
   EXPECT_LE(max_diff(w1.grad(), plain[1]), 1e-5);
   EXPECT_LE(max_diff(w2.grad(), plain[2]), 1e-5);

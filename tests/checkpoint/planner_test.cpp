@@ -143,8 +143,7 @@ TEST(Planner, MeasuredPeakOnARealStackIsWithinTenPercentOfThePrediction) {
       memory::PhaseScope bw(memory::Phase::backward);
       loss.backward();
     }
-    const int64_t measured =
-        memory::max_by_category(tracker->events())[static_cast<int>(memory::Category::activation)];
+    const int64_t measured = memory::max_by_category(tracker->events())[static_cast<int>(memory::Category::activation)];
     EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(plan->predicted_bytes), 1.0, 0.10)
         << plan->describe() << " measured " << measured << " predicted " << plan->predicted_bytes;
     for (size_t i = 0; i < params.size(); ++i) {

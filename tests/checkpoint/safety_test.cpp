@@ -111,8 +111,7 @@ TEST(CheckpointRng, WithoutPreservingTheStateTheMasksDiffer) {
   const auto plain = grads_of(params);
   clear_grads(params);
   torch::manual_seed(42);
-  checkpoint::checkpoint([&](const at::Tensor& in) { return block(in); }, x, params,
-                         CheckpointOptions().preserve_rng_state(false))
+  checkpoint::checkpoint([&](const at::Tensor& in) { return block(in); }, x, params, CheckpointOptions().preserve_rng_state(false))
       .pow(2)
       .sum()
       .backward();
@@ -159,9 +158,8 @@ TEST(CheckpointBuffers, BatchNorm2dStatisticsEqualThePlainRunBitForBit) {
 
 TEST(CheckpointBuffers, BatchNorm1dInsideSequentialSegments) {
   torch::manual_seed(1);
-  auto plain = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::BatchNorm1d(32), torch::nn::ReLU(),
-                                     torch::nn::Linear(32, 32), torch::nn::BatchNorm1d(32), torch::nn::ReLU(),
-                                     torch::nn::Linear(32, 4));
+  auto plain = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::BatchNorm1d(32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
+                                     torch::nn::BatchNorm1d(32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
   auto ckpt = copy_of(plain);
   const at::Tensor x = at::randn({10, 16});
   for (int step = 0; step < 2; ++step) {
@@ -178,9 +176,7 @@ TEST(CheckpointBuffers, WithoutDeclaringThemTheStatisticsAreUpdatedTwice) {
   torch::nn::BatchNorm1d bn(8);
   torch::nn::Linear lin(8, 8);
   const at::Tensor x = at::randn({6, 8});
-  checkpoint::checkpoint([&](const at::Tensor& in) { return bn(lin(in)); }, x, lin->parameters())
-      .sum()
-      .backward();
+  checkpoint::checkpoint([&](const at::Tensor& in) { return bn(lin(in)); }, x, lin->parameters()).sum().backward();
   EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), 2);
 }
 
@@ -211,8 +207,7 @@ TEST(CheckpointChecks, StrictModeCatchesANonDeterministicRegion) {
   // Not strict: the shapes match, the mistake goes through.
   checkpoint::checkpoint(region, x, {w}, CheckpointOptions().preserve_rng_state(false)).sum().backward();
   // Strict: caught, naming the region and the output.
-  auto y = checkpoint::checkpoint(region, x, {w},
-                                  CheckpointOptions().preserve_rng_state(false).strict(true).name("noisy block"));
+  auto y = checkpoint::checkpoint(region, x, {w}, CheckpointOptions().preserve_rng_state(false).strict(true).name("noisy block"));
   try {
     y.sum().backward();
     FAIL() << "strict mode let a different recompute through";
@@ -227,8 +222,8 @@ TEST(CheckpointChecks, StrictModeCatchesANonDeterministicRegion) {
 TEST(CheckpointSequential, MatchesThePlainRunAndRunsTheLastSegmentOnce) {
   torch::manual_seed(3);
   int calls_first = 0, calls_last = 0;
-  auto plain = torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Tanh(), torch::nn::Linear(8, 8),
-                                     torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  auto plain = torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Tanh(), torch::nn::Linear(8, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 2));
   auto ckpt = copy_of(plain);
   // Count calls of the first and last module through functional wrappers.
   torch::nn::Sequential counted;
@@ -269,7 +264,7 @@ TEST(CheckpointNesting, ARegionInsideARegion) {
 TEST(CheckpointEdges, NonTensorArgumentsAndOutputsThatDoNotRequireGrad) {
   torch::manual_seed(5);
   at::Tensor w = at::randn({5, 5}).requires_grad_();
-  const double scale = 0.5;     // non-tensor arguments travel in the closure
+  const double scale = 0.5;  // non-tensor arguments travel in the closure
   const std::string mode = "tanh";
   auto fn = [&, scale, mode](const std::vector<at::Tensor>& in) {
     at::Tensor h = in[0].mm(w) * scale;
@@ -294,16 +289,13 @@ TEST(CheckpointEdges, NonTensorArgumentsAndOutputsThatDoNotRequireGrad) {
 
 TEST(CheckpointEdges, SecondBackwardWithoutRetainGraphIsAClearError) {
   at::Tensor w = at::randn({4, 4}).requires_grad_();
-  at::Tensor loss = checkpoint::checkpoint([&](const at::Tensor& in) { return in.mm(w); },
-                                           at::randn({2, 4}).requires_grad_(), {w})
-                        .sum();
+  at::Tensor loss = checkpoint::checkpoint([&](const at::Tensor& in) { return in.mm(w); }, at::randn({2, 4}).requires_grad_(), {w}).sum();
   loss.backward();
   try {
     loss.backward();
     FAIL() << "a second backward went through";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("second time"), std::string::npos)
-        << e.what_without_backtrace();
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("second time"), std::string::npos) << e.what_without_backtrace();
   }
 }
 

@@ -26,9 +26,7 @@ struct ResidualBlock {
     if (b2.defined()) p.push_back(b2);
     return p;
   }
-  at::Tensor operator()(const at::Tensor& x) const {
-    return x + tail_linear(at::tanh(checkpoint::linear(x, w1, at::Tensor())), w2, b2);
-  }
+  at::Tensor operator()(const at::Tensor& x) const { return x + tail_linear(at::tanh(checkpoint::linear(x, w1, at::Tensor())), w2, b2); }
 };
 
 std::vector<ChainBlock> chain_of(const std::vector<ResidualBlock>& blocks) {
@@ -74,8 +72,7 @@ void expect_same(const Gradients& a, const Gradients& b, double tol) {
   ASSERT_EQ(a.grads.size(), b.grads.size());
   for (size_t i = 0; i < a.grads.size(); ++i) {
     ASSERT_TRUE(a.grads[i].defined() && b.grads[i].defined()) << "gradient " << i;
-    EXPECT_LE((a.grads[i] - b.grads[i]).abs().max().item<double>(), tol * (1 + b.grads[i].abs().max().item<double>()))
-        << "gradient " << i;
+    EXPECT_LE((a.grads[i] - b.grads[i]).abs().max().item<double>(), tol * (1 + b.grads[i].abs().max().item<double>())) << "gradient " << i;
   }
 }
 
@@ -91,9 +88,8 @@ TEST(TailLinear, EndsOfRegionsAreNotRecomputedAndGradientsStayThePlainRuns) {
 
     // Each block its own region: every tail is skipped, once per backward.
     int64_t before = checkpoint::detail::tail_products_skipped();
-    const Gradients full = run(blocks, x, [](const auto& chain, const at::Tensor& in) {
-      return run_chain(chain, in, CheckpointPolicy::full());
-    });
+    const Gradients full =
+        run(blocks, x, [](const auto& chain, const at::Tensor& in) { return run_chain(chain, in, CheckpointPolicy::full()); });
     EXPECT_EQ(checkpoint::detail::tail_products_skipped() - before, 4);
     expect_same(full, reference, 1e-6);
 
@@ -108,9 +104,8 @@ TEST(TailLinear, EndsOfRegionsAreNotRecomputedAndGradientsStayThePlainRuns) {
 
     // Selective regions keep their other products and skip the tail too.
     before = checkpoint::detail::tail_products_skipped();
-    const Gradients selective = run(blocks, x, [](const auto& chain, const at::Tensor& in) {
-      return run_chain(chain, in, CheckpointPolicy::selective());
-    });
+    const Gradients selective =
+        run(blocks, x, [](const auto& chain, const at::Tensor& in) { return run_chain(chain, in, CheckpointPolicy::selective()); });
     EXPECT_EQ(checkpoint::detail::tail_products_skipped() - before, 4);
     expect_same(selective, reference, 1e-6);
 
@@ -118,9 +113,8 @@ TEST(TailLinear, EndsOfRegionsAreNotRecomputedAndGradientsStayThePlainRuns) {
     const AutocastState bf16 = AutocastState::compute(c10::kCPU, at::kBFloat16);
     const Gradients reference16 = run(blocks, x, plain, bf16);
     before = checkpoint::detail::tail_products_skipped();
-    const Gradients full16 = run(blocks, x, [](const auto& chain, const at::Tensor& in) {
-      return run_chain(chain, in, CheckpointPolicy::full());
-    }, bf16);
+    const Gradients full16 = run(
+        blocks, x, [](const auto& chain, const at::Tensor& in) { return run_chain(chain, in, CheckpointPolicy::full()); }, bf16);
     EXPECT_EQ(checkpoint::detail::tail_products_skipped() - before, 4);
     expect_same(full16, reference16, 1e-6);
   }

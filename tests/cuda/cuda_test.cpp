@@ -27,7 +27,7 @@ using namespace frugal::optim;
 
 namespace {
 
-#define FRUGAL_NEED_CUDA()                                                                                   \
+#define FRUGAL_NEED_CUDA()                                                                                        \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here (torch::cuda::is_available() is false)"; \
   ASSERT_TRUE(cuda_kernels_built()) << "a CUDA device, but this build of frugal has no CUDA kernels"
 
@@ -37,8 +37,8 @@ const at::Device kGpu(at::kCUDA, 0);
 void expect_same(const at::Tensor& p, const at::Tensor& q, const char* what) {
   const at::Tensor a = p.cpu(), b = q.cpu();
   EXPECT_TRUE(at::equal(a.isnan(), b.isnan())) << what;
-  EXPECT_TRUE(at::equal(a.nan_to_num(0), b.nan_to_num(0))) << what << ": " << (a.nan_to_num(0) != b.nan_to_num(0)).sum().item<int64_t>()
-                                                            << " of " << a.numel() << " differ";
+  EXPECT_TRUE(at::equal(a.nan_to_num(0), b.nan_to_num(0)))
+      << what << ": " << (a.nan_to_num(0) != b.nan_to_num(0)).sum().item<int64_t>() << " of " << a.numel() << " differ";
 }
 
 // A CPU buffer's state copied into a new buffer on `device` (the same codes and scales).
@@ -79,8 +79,8 @@ TEST(CudaQuantizedAdam, GivesTheCpuKernelsBitsForFp32AndBf16) {
         for (at::ScalarType gt : {at::kFloat, at::kBFloat16}) {
           for (bool stochastic : {false, true}) {
             if (stochastic && pt != at::kBFloat16) continue;
-            SCOPED_TRACE(std::to_string(bits) + (decoupled ? " adamw p " : " adam p ") + c10::toString(pt) + " g " +
-                         c10::toString(gt) + (stochastic ? " stochastic" : " nearest"));
+            SCOPED_TRACE(std::to_string(bits) + (decoupled ? " adamw p " : " adam p ") + c10::toString(pt) + " g " + c10::toString(gt) +
+                         (stochastic ? " stochastic" : " nearest"));
             QuantizedBuffer mc(n, bits, block, true), vc(n, bits, block, false);
             mc.store(0, n, m0);
             vc.store(0, n, v0);
@@ -137,8 +137,11 @@ TEST(CudaOptimizer, HostAndMappedStateEqualStateOnTheGpu) {
   for (int i = 0; i < 10; ++i) xs.push_back(at::randn({32, 128}, kGpu));
   auto run = [&](StatePrecision precision, StatePlacement placement, bool in_backward) {
     Mlp m(2);
-    Optimizer opt(m.named_parameters(), OptimizerOptions().lr(3e-3).weight_decay(0.01).mode(in_backward ? Mode::in_backward : Mode::standard).state(
-                                            StateOptions().precision(precision).placement(placement)));
+    Optimizer opt(m.named_parameters(), OptimizerOptions()
+                                            .lr(3e-3)
+                                            .weight_decay(0.01)
+                                            .mode(in_backward ? Mode::in_backward : Mode::standard)
+                                            .state(StateOptions().precision(precision).placement(placement)));
     for (const at::Tensor& x : xs) {
       opt.backward(m.loss(x));
       opt.step();
@@ -273,8 +276,8 @@ TEST(CudaLoss, MatchesTheCpuKernel) {
         const at::Tensor h = hidden.to(device).requires_grad_(), w = weight.to(device).requires_grad_();
         const at::Tensor b = bias.to(device).requires_grad_(), t = targets.to(device);
         const auto options = loss::ChunkedCrossEntropyOptions().chunk_size(chunk == 0 ? 1 : chunk);
-        const at::Tensor l = chunk == 0 ? loss::linear_cross_entropy(h, w, b, t, options)
-                                        : loss::chunked_cross_entropy(h, w, b, t, options);
+        const at::Tensor l =
+            chunk == 0 ? loss::linear_cross_entropy(h, w, b, t, options) : loss::chunked_cross_entropy(h, w, b, t, options);
         std::vector<at::Tensor> out = {l.detach().cpu()};
         for (const at::Tensor& g : torch::autograd::grad({l * 3.0}, {h, w, b})) out.push_back(g.cpu());
         return out;

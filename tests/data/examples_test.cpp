@@ -30,8 +30,8 @@ using namespace frugal::data;
 
 namespace {
 
-const std::vector<std::string> kSpecials = {"<s>", "</s>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                                            "<|im_start|>", "<|im_end|>"};
+const std::vector<std::string> kSpecials = {"<s>",        "</s>",         "<|start_header_id|>", "<|end_header_id|>",
+                                            "<|eot_id|>", "<|im_start|>", "<|im_end|>"};
 
 std::string dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + "/frugal_examples_" + name;
@@ -136,8 +136,11 @@ std::string error_of(F&& f) {
 
 #define EXPECT_HAS(text, needle) EXPECT_NE(std::string(text).find(needle), std::string::npos) << (text)
 
-const std::vector<ChatMessage> kChat = {{"system", " Be brief. "}, {"user", " Hi "}, {"assistant", " Hello! "},
-                                        {"user", "Again"}, {"assistant", "Bye\xE3\x80\x80"}};  // ends with U+3000
+const std::vector<ChatMessage> kChat = {{"system", " Be brief. "},
+                                        {"user", " Hi "},
+                                        {"assistant", " Hello! "},
+                                        {"user", "Again"},
+                                        {"assistant", "Bye\xE3\x80\x80"}};  // ends with U+3000
 
 }  // namespace
 
@@ -194,7 +197,9 @@ TEST(ExamplesTemplates, RenderExactStrings) {
   EXPECT_TRUE(!pl.bos_id && pl.eos_id);
   // alpaca and plain take one user and one assistant message only.
   EXPECT_HAS(error_of([&] { render_messages(ChatTemplate::alpaca, kChat, "<s>", "</s>", true); }), "one user message and one assistant");
-  EXPECT_HAS(error_of([&] { render_messages(ChatTemplate::plain, {{"system", "s"}, {"user", "u"}, {"assistant", "a"}}, "", "</s>", false); }),
+  EXPECT_HAS(error_of([&] {
+               render_messages(ChatTemplate::plain, {{"system", "s"}, {"user", "u"}, {"assistant", "a"}}, "", "</s>", false);
+             }),
              "no system message");
 }
 
@@ -282,7 +287,8 @@ TEST(ExamplesEncoder, IdsAndLossFlagsOnAByteTokenizer) {
       {ExampleFormat::alpaca, ChatTemplate::llama3, R"({"instruction": "Add", "input": "2+2", "output": "4"})", ChatTemplate::llama3},
       {ExampleFormat::prompt_completion, std::nullopt, R"({"prompt": "1+1=", "completion": " 2"})", ChatTemplate::plain},
       {ExampleFormat::prompt_completion, ChatTemplate::chatml, R"({"prompt": "1+1=", "completion": " 2"})", ChatTemplate::chatml},
-      {ExampleFormat::messages, ChatTemplate::alpaca, R"({"messages": [{"role": "user", "content": "Do X"}, {"role": "assistant", "content": "Done"}]})", ChatTemplate::alpaca},
+      {ExampleFormat::messages, ChatTemplate::alpaca,
+       R"({"messages": [{"role": "user", "content": "Do X"}, {"role": "assistant", "content": "Done"}]})", ChatTemplate::alpaca},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(example_format_name(c.format)) + " / " + chat_template_name(c.resolved));
@@ -436,13 +442,17 @@ TEST(ExamplesEncoder, AnchoredBoundariesEqualWholePrefixEncoding) {
     const std::string d = dir(std::string("anchor_") + name);
     write(d + "/tokenizer.json", text);
     const bool has_bos = std::string(name) != "gpt2";
-    write(d + "/tokenizer_config.json", has_bos ? R"({"bos_token": ")" + std::string(std::string(name) == "llama3" ? "<|begin_of_text|>" : "<s>") +
-                                                    R"(", "eos_token": "<|eot_id|>"})"
+    write(d + "/tokenizer_config.json", has_bos ? R"({"bos_token": ")" +
+                                                      std::string(std::string(name) == "llama3" ? "<|begin_of_text|>" : "<s>") +
+                                                      R"(", "eos_token": "<|eot_id|>"})"
                                                 : R"({"eos_token": "<|im_end|>"})");
     const Tokenizer tok = Tokenizer::load_folder(d);
     const std::vector<std::vector<ChatMessage>> chats = {
         kChat,
-        {{"user", "def main():\n    print('hello world')"}, {"assistant", "  It prints.\n\nThen returns."}, {"user", "ok"}, {"assistant", "\nx"}},
+        {{"user", "def main():\n    print('hello world')"},
+         {"assistant", "  It prints.\n\nThen returns."},
+         {"user", "ok"},
+         {"assistant", "\nx"}},
         {{"system", "日本語"}, {"user", "Numbers: 3.14159, 2,718"}, {"assistant", "1e-9 <|im_end|> 0x1F 😀"}},
     };
     for (auto templ : {ChatTemplate::llama2, ChatTemplate::llama3, ChatTemplate::chatml}) {
@@ -497,9 +507,12 @@ TEST(ExamplesReading, FormatsFoldersArraysBomCrlfAndBlankLines) {
   const Tokenizer tok = Tokenizer::load_folder(byte_folder("read_tok", false));
   const std::string d = dir("read");
   frugal::io::make_directories(d + "/b");
-  write(d + "/c.jsonl", "\xEF\xBB\xBF{\"instruction\": \"x\", \"output\": \"y\"}\r\n\r\n  \n{\"instruction\": \"x\", \"input\": null, \"output\": \"y\", \"extra\": [1]}\r\n");
+  write(d + "/c.jsonl",
+        "\xEF\xBB\xBF{\"instruction\": \"x\", \"output\": \"y\"}\r\n\r\n  \n{\"instruction\": \"x\", \"input\": null, \"output\": \"y\", "
+        "\"extra\": [1]}\r\n");
   write(d + "/b/2.jsonl", "{\"instruction\": \"x\", \"output\": \"y\"}");  // no final newline
-  write(d + "/a.json", "\n[\n  {\"instruction\": \"x\",\n   \"output\": \"y, ] \\\" }\"},\n  {\"instruction\": \"z\", \"output\": \"w\"}\n]\n");
+  write(d + "/a.json",
+        "\n[\n  {\"instruction\": \"x\",\n   \"output\": \"y, ] \\\" }\"},\n  {\"instruction\": \"z\", \"output\": \"w\"}\n]\n");
   write(d + "/notes.txt", "not read");
   ExampleOptions opt;
   ExampleStats stats;
@@ -514,14 +527,16 @@ TEST(ExamplesReading, FormatsFoldersArraysBomCrlfAndBlankLines) {
   ASSERT_EQ(texts.size(), 2u);
   EXPECT_EQ(texts[0], alpaca_prompt("x", "") + "y, ] \" }");
   // Other field names.
-  write(d + "/qa.jsonl", R"({"question": "Why?", "answer": "Because."})" "\n");
+  write(d + "/qa.jsonl", R"({"question": "Why?", "answer": "Because."})"
+                         "\n");
   opt.format = ExampleFormat::prompt_completion;
   opt.fields.prompt = "question";
   opt.fields.completion = "answer";
   texts.clear();
   encode_examples({d + "/qa.jsonl"}, tok, opt, [&](const std::string&, int64_t, const EncodedExample& e) { texts.push_back(e.text); });
   EXPECT_EQ(texts, std::vector<std::string>{"Why?Because."});
-  write(d + "/sg.jsonl", R"({"conversations": [{"from": "user", "value": "Hi"}, {"from": "assistant", "value": "Yo"}]})" "\n");
+  write(d + "/sg.jsonl", R"({"conversations": [{"from": "user", "value": "Hi"}, {"from": "assistant", "value": "Yo"}]})"
+                         "\n");
   opt = ExampleOptions();
   opt.format = ExampleFormat::messages;
   opt.chat_template = ChatTemplate::chatml;
@@ -563,9 +578,11 @@ TEST(ExamplesReading, BadInputIsNamedWithFileLineAndField) {
        "field 'messages[0].role': 'assistant' is out of order (expected 'user'", ExampleFormat::messages},
       {"unknown_role", chat_head + R"({"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]})",
        "field 'messages[1].role': unknown role 'tool' (allowed: system, user, assistant)", ExampleFormat::messages},
-      {"ends_user", chat_head + R"({"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]})",
+      {"ends_user",
+       chat_head + R"({"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]})",
        "field 'messages': ends with a user message", ExampleFormat::messages},
-      {"content_list", chat_head + R"({"role": "user", "content": ["a"]}]})", "field 'messages[0].content': is not a string", ExampleFormat::messages},
+      {"content_list", chat_head + R"({"role": "user", "content": ["a"]}]})", "field 'messages[0].content': is not a string",
+       ExampleFormat::messages},
       {"no_role", chat_head + R"({"content": "a"}]})", "field 'messages[0].role': is missing", ExampleFormat::messages},
       {"empty_assistant", chat_head + R"({"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]})",
        "field 'messages[1].content': is empty", ExampleFormat::messages},
@@ -598,9 +615,11 @@ TEST(ExamplesReading, BadInputIsNamedWithFileLineAndField) {
   EXPECT_HAS(error_of([&] { tokenize_examples({d + "/long.jsonl"}, tok, opt, d + "/long.examples"); }),
              "long.jsonl line 2: is " + std::to_string(long_line.size() + 1) + " bytes, longer than max_line_bytes (100)");
   // Paths: missing, a FIFO (never blocks: opened O_NONBLOCK and refused by fstat), a folder without data.
-  EXPECT_HAS(error_of([&] { tokenize_examples({d + "/nope.jsonl"}, tok, ExampleOptions(), d + "/x.examples"); }), "nope.jsonl does not exist");
+  EXPECT_HAS(error_of([&] { tokenize_examples({d + "/nope.jsonl"}, tok, ExampleOptions(), d + "/x.examples"); }),
+             "nope.jsonl does not exist");
   ASSERT_EQ(::mkfifo((d + "/fifo.jsonl").c_str(), 0600), 0);
-  EXPECT_HAS(error_of([&] { tokenize_examples({d + "/fifo.jsonl"}, tok, ExampleOptions(), d + "/x.examples"); }), "is not a regular file (a FIFO)");
+  EXPECT_HAS(error_of([&] { tokenize_examples({d + "/fifo.jsonl"}, tok, ExampleOptions(), d + "/x.examples"); }),
+             "is not a regular file (a FIFO)");
   const std::string empty_dir = dir("bad_empty_dir");
   write(empty_dir + "/readme.md", "no data");
   EXPECT_HAS(error_of([&] { tokenize_examples({empty_dir}, tok, ExampleOptions(), d + "/x.examples"); }), "no *.jsonl or *.json files");
@@ -710,22 +729,39 @@ TEST(ExampleFile, RoundTripsAndRefusesHostileCopies) {
     write(d + "/" + name, b);
     hostile.push_back({name, needle});
   };
-  variant("magic", [](std::string& b) { b[0] = 'X'; }, "bad magic");
-  variant("version", [](std::string& b) { put<uint32_t>(b, 8, 2); }, "has version 2");
-  variant("vocab", [](std::string& b) { put<uint64_t>(b, 16, 0); }, "bad vocabulary size");
-  variant("fp_long", [](std::string& b) { put<uint32_t>(b, 12, 0xFFFFFFFFu); }, "fingerprint is longer");
-  variant("total_huge", [](std::string& b) { put<uint64_t>(b, 32, uint64_t(1) << 62); }, "more than its size allows");
-  variant("count_huge", [](std::string& b) { put<uint64_t>(b, 24, ~uint64_t(0)); }, "examples but its size says otherwise");
-  variant("count_zero", [](std::string& b) { put<uint64_t>(b, 24, 0); }, "examples but its size says otherwise");
-  variant("truncated", [](std::string& b) { b.resize(b.size() - 8); }, "its size says otherwise");
-  variant("short", [](std::string& b) { b.resize(40); }, "too short to have a header");
-  variant("offset_back", [&](std::string& b) { put<uint64_t>(b, offsets_at + 8 * 5, 3); }, "fewer than two tokens, or offsets that go back");
-  variant("offset_end", [&](std::string& b) { put<uint64_t>(b, offsets_at + 8 * count, total + 1000); }, "do not run from 0");
-  variant("offset_start", [&](std::string& b) { put<uint64_t>(b, offsets_at, 1); }, "do not run from 0");
-  variant("token_vocab", [&](std::string& b) { put<int32_t>(b, tokens_at + 4 * 17, static_cast<int32_t>(tok.vocab_size())); }, "outside its vocabulary");
-  variant("token_negative", [&](std::string& b) { put<int32_t>(b, tokens_at, -5); }, "holds token -5");
-  variant("flag", [&](std::string& b) { b[flags_at + 3] = 2; }, "loss flag other than 0 or 1");
-  variant("labels", [&](std::string& b) { put<uint64_t>(b, 40, 1); }, "answer tokens but its flags count");
+  variant(
+      "magic", [](std::string& b) { b[0] = 'X'; }, "bad magic");
+  variant(
+      "version", [](std::string& b) { put<uint32_t>(b, 8, 2); }, "has version 2");
+  variant(
+      "vocab", [](std::string& b) { put<uint64_t>(b, 16, 0); }, "bad vocabulary size");
+  variant(
+      "fp_long", [](std::string& b) { put<uint32_t>(b, 12, 0xFFFFFFFFu); }, "fingerprint is longer");
+  variant(
+      "total_huge", [](std::string& b) { put<uint64_t>(b, 32, uint64_t(1) << 62); }, "more than its size allows");
+  variant(
+      "count_huge", [](std::string& b) { put<uint64_t>(b, 24, ~uint64_t(0)); }, "examples but its size says otherwise");
+  variant(
+      "count_zero", [](std::string& b) { put<uint64_t>(b, 24, 0); }, "examples but its size says otherwise");
+  variant(
+      "truncated", [](std::string& b) { b.resize(b.size() - 8); }, "its size says otherwise");
+  variant(
+      "short", [](std::string& b) { b.resize(40); }, "too short to have a header");
+  variant(
+      "offset_back", [&](std::string& b) { put<uint64_t>(b, offsets_at + 8 * 5, 3); }, "fewer than two tokens, or offsets that go back");
+  variant(
+      "offset_end", [&](std::string& b) { put<uint64_t>(b, offsets_at + 8 * count, total + 1000); }, "do not run from 0");
+  variant(
+      "offset_start", [&](std::string& b) { put<uint64_t>(b, offsets_at, 1); }, "do not run from 0");
+  variant(
+      "token_vocab", [&](std::string& b) { put<int32_t>(b, tokens_at + 4 * 17, static_cast<int32_t>(tok.vocab_size())); },
+      "outside its vocabulary");
+  variant(
+      "token_negative", [&](std::string& b) { put<int32_t>(b, tokens_at, -5); }, "holds token -5");
+  variant(
+      "flag", [&](std::string& b) { b[flags_at + 3] = 2; }, "loss flag other than 0 or 1");
+  variant(
+      "labels", [&](std::string& b) { put<uint64_t>(b, 40, 1); }, "answer tokens but its flags count");
   for (const auto& [name, needle] : hostile) {
     SCOPED_TRACE(name);
     EXPECT_HAS(error_of([&, n = name] { ExampleFile f(d + "/" + n); }), needle);

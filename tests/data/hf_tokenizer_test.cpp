@@ -23,7 +23,8 @@ namespace {
 std::string fixture(const std::string& name) { return std::string(FRUGAL_SOURCE_DIR) + "/tests/data/fixtures/" + name; }
 
 const frugal::io::JsonValue& expected() {
-  static const frugal::io::JsonValue v = frugal::io::parse_json(frugal::io::read_file(fixture("expected_ids.json"), frugal::io::kTokenizerFileBytes));
+  static const frugal::io::JsonValue v =
+      frugal::io::parse_json(frugal::io::read_file(fixture("expected_ids.json"), frugal::io::kTokenizerFileBytes));
   return v;
 }
 
@@ -34,7 +35,10 @@ std::vector<int32_t> ids_of(const frugal::io::JsonValue& list) {
 }
 
 std::string long_line() {  // as make_tokenizer_fixtures.py's long_line()
-  const std::string unit = "lorem ipsum dolor 42 sit amet, \xC3\xBCn\xC3\xAF" "c\xC3\xB6" "d\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC ";
+  const std::string unit =
+      "lorem ipsum dolor 42 sit amet, \xC3\xBCn\xC3\xAF"
+      "c\xC3\xB6"
+      "d\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC ";
   const size_t n = (size_t(1) << 20) / unit.size() + 1;
   std::string s;
   s.reserve(n * unit.size());
@@ -136,9 +140,9 @@ TEST(HfTokenizer, MalformedFilesAreRefusedNamingTheField) {
   expect_refused("{", "not valid JSON");
   expect_refused(R"({"version": "1.0"})", "'model' is missing");
   expect_refused(with_replaced(good, "\"type\":\"BPE\"", "\"type\":\"WordPiece\""), "model: type 'WordPiece' is not supported");
-  expect_refused(with_replaced(good, "\"type\":\"ByteLevel\",\"add_prefix_space\":false",
-                               "\"type\":\"Whitespace\",\"add_prefix_space\":false"),
-                 "pre_tokenizer: type 'Whitespace' is not supported (supported:");
+  expect_refused(
+      with_replaced(good, "\"type\":\"ByteLevel\",\"add_prefix_space\":false", "\"type\":\"Whitespace\",\"add_prefix_space\":false"),
+      "pre_tokenizer: type 'Whitespace' is not supported (supported:");
   expect_refused(with_replaced(good, "\"dropout\":null", "\"dropout\":0.1"), "'dropout'");
   expect_refused(with_replaced(good, "\"merges\":[", "\"merges\":[\"nosuchtoken x\","), "merges[0]");
   expect_refused(with_replaced(good, "\"merges\":[", "\"merges\":[\"abc\","), "merges[0] 'abc' is not two tokens");
@@ -172,10 +176,24 @@ std::string temp_dir(const std::string& name) {
 }
 
 const std::vector<std::string>& hard_strings() {
-  static const std::vector<std::string> v = {
-      "", "Hello world", " leading space", "  two leading", "trailing  ", "runs     of      spaces", "tabs\tand\t\ttabs",
-      "new\nlines\n\n\n", "crlf\r\nline\r\n", "emoji 😀🎉👍🏽", "CJK 日本語 中文", "combining e\xCC\x81 a\xCC\x88", "numbers 1234567 3.14",
-      "\xE2\x96\x81metaspace", "\n", " ", "unseen ꙮ 𝔘", "the cat sat on the mat."};
+  static const std::vector<std::string> v = {"",
+                                             "Hello world",
+                                             " leading space",
+                                             "  two leading",
+                                             "trailing  ",
+                                             "runs     of      spaces",
+                                             "tabs\tand\t\ttabs",
+                                             "new\nlines\n\n\n",
+                                             "crlf\r\nline\r\n",
+                                             "emoji 😀🎉👍🏽",
+                                             "CJK 日本語 中文",
+                                             "combining e\xCC\x81 a\xCC\x88",
+                                             "numbers 1234567 3.14",
+                                             "\xE2\x96\x81metaspace",
+                                             "\n",
+                                             " ",
+                                             "unseen ꙮ 𝔘",
+                                             "the cat sat on the mat."};
   return v;
 }
 
@@ -207,7 +225,8 @@ TEST(HfTokenizerFolder, SaveAndLoadFolderKeepTheIdsAndSpecialTokens) {
 TEST(HfTokenizerFolder, TokenizerConfigIsHonouredAndCheckedByName) {
   const std::string d = temp_dir("config");
   Tokenizer::load(fixture("llama2.json")).save_folder(d);
-  frugal::io::write_file_atomic(d + "/tokenizer_config.json", R"({"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": false, "add_eos_token": true})");
+  frugal::io::write_file_atomic(d + "/tokenizer_config.json",
+                                R"({"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": false, "add_eos_token": true})");
   const Tokenizer t = Tokenizer::load_folder(d);
   EXPECT_FALSE(t.add_bos());
   EXPECT_TRUE(t.add_eos());
@@ -248,8 +267,8 @@ TEST(HfTokenizerFolder, EveryTokenizerConfigFieldIsHonouredNeutralOrRefusedByNam
   EXPECT_EQ(Tokenizer::load_folder(saved).chat_template(), "{{ bos_token }}");
   t.save_folder(saved);  // a stale chat_template.jinja does not outlive a save
   EXPECT_EQ(Tokenizer::load_folder(saved).chat_template(), "{{ messages }}");
-  for (const char* field : {R"("do_lower_case": true)", R"("split_special_tokens": true)", R"("add_prefix_space": true)",
-                            R"("some_new_option": 3)"}) {
+  for (const char* field :
+       {R"("do_lower_case": true)", R"("split_special_tokens": true)", R"("add_prefix_space": true)", R"("some_new_option": 3)"}) {
     frugal::io::write_file_atomic(d + "/tokenizer_config.json", std::string(R"({"eos_token": "<|endoftext|>", )") + field + "}");
     const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
     try {
@@ -309,8 +328,10 @@ TEST(HfTokenizerPieces, ALongTextCutInPiecesGivesTheWholeTextsIds) {
   train_tokenizer(docs, d + "/tok", TokenizerTrainOptions().vocab_size(400));
   const Tokenizer spm = Tokenizer::load(d + "/tok.model");
   spm.save_folder(d + "/model");
-  std::vector<std::pair<std::string, Tokenizer>> tokenizers = {{"sentencepiece", spm}, {"its tokenizer.json", Tokenizer::load_folder(d + "/model")}};
-  for (const char* name : {"gpt2", "llama3", "llama2", "mistral"}) tokenizers.emplace_back(name, Tokenizer::load(fixture(std::string(name) + ".json")));
+  std::vector<std::pair<std::string, Tokenizer>> tokenizers = {{"sentencepiece", spm},
+                                                               {"its tokenizer.json", Tokenizer::load_folder(d + "/model")}};
+  for (const char* name : {"gpt2", "llama3", "llama2", "mistral"})
+    tokenizers.emplace_back(name, Tokenizer::load(fixture(std::string(name) + ".json")));
   for (const auto& [name, tok] : tokenizers) {
     std::vector<int32_t> want = tok.encode(text);
     want.push_back(tok.eos_id());

@@ -32,8 +32,12 @@ struct FixedRanges : optim::Exchange {
   FixedRanges(dist::Ownership o, int64_t r, int64_t w) : owners(std::move(o)), rank(r), world(w) {}
   int64_t world_size() const override { return world; }
   std::pair<int64_t, int64_t> owned_range(size_t i) const override { return dist::owned_range(owners.at(i), rank); }
-  Wait average_gradient(size_t, const at::Tensor&) override { return [] {}; }
-  Wait share_parameter(size_t, const at::Tensor&) override { return [] {}; }
+  Wait average_gradient(size_t, const at::Tensor&) override {
+    return [] {};
+  }
+  Wait share_parameter(size_t, const at::Tensor&) override {
+    return [] {};
+  }
   double sum(double x) override { return x; }
 };
 
@@ -50,7 +54,10 @@ struct ScopedEnv {
   }
   ~ScopedEnv() {
     for (const auto& [k, v] : saved) {
-      if (v) ::setenv(k.c_str(), v->c_str(), 1); else ::unsetenv(k.c_str());
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
     }
   }
 };
@@ -103,7 +110,12 @@ TEST(DataParallel, EnvironmentFollowsTorchrunsContract) {
     EXPECT_FALSE(dist::environment_from_variables().has_value());
   }
   {
-    ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29511"}});
+    ScopedEnv env({{"RANK", "3"},
+                   {"WORLD_SIZE", "4"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "node0"},
+                   {"MASTER_PORT", "29511"}});
     const auto e = dist::environment_from_variables();
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(e->rank, 3);
@@ -115,8 +127,12 @@ TEST(DataParallel, EnvironmentFollowsTorchrunsContract) {
     // and back: a launcher sets exactly these
     std::map<std::string, std::string> vars;
     for (const auto& [k, v] : dist::environment_variables(*e)) vars[k] = v;
-    EXPECT_EQ(vars, (std::map<std::string, std::string>{{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                                                        {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29511"}}));
+    EXPECT_EQ(vars, (std::map<std::string, std::string>{{"RANK", "3"},
+                                                        {"WORLD_SIZE", "4"},
+                                                        {"LOCAL_RANK", "1"},
+                                                        {"LOCAL_WORLD_SIZE", "2"},
+                                                        {"MASTER_ADDR", "node0"},
+                                                        {"MASTER_PORT", "29511"}}));
   }
   auto refused = [](std::initializer_list<std::pair<const char*, const char*>> vars, const std::string& says) {
     ScopedEnv env(vars);
@@ -131,7 +147,8 @@ TEST(DataParallel, EnvironmentFollowsTorchrunsContract) {
   refused({{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}, "RANK must be an integer from 0 to 1, not '2'");
   refused({{"WORLD_SIZE", "two"}, {"RANK", "0"}}, "WORLD_SIZE must be an integer from 1 to 4096, not 'two'");
   refused({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "1"}}, "MASTER_ADDR must be set");
-  refused({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}, "MASTER_PORT must be an integer from 1 to 65535, not '70000'");
+  refused({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}},
+          "MASTER_PORT must be an integer from 1 to 65535, not '70000'");
 }
 
 // One process's state, split over 2 ranks, then those slices over 3, then back to one process:
@@ -196,8 +213,14 @@ TEST(DataParallel, TwoRanksMatchOneProcessOnTheWholeBatch) {
       torch::manual_seed(7);
       std::vector<at::Tensor> data;
       for (int i = 0; i < 3; ++i) data.push_back(at::randn({4, 8, 128}));
-      auto opts = optim::OptimizerOptions().algorithm(optim::Algorithm::sgd).lr(0.1).momentum(0.9).weight_decay(0.01).mode(mode)
-                      .clip(clip).max_grad_norm(0.05);
+      auto opts = optim::OptimizerOptions()
+                      .algorithm(optim::Algorithm::sgd)
+                      .lr(0.1)
+                      .momentum(0.9)
+                      .weight_decay(0.01)
+                      .mode(mode)
+                      .clip(clip)
+                      .max_grad_norm(0.05);
       Model whole;
       optim::Optimizer single(whole.named_parameters(), opts);
       for (const auto& x : data) {
@@ -219,7 +242,8 @@ TEST(DataParallel, TwoRanksMatchOneProcessOnTheWholeBatch) {
           auto group = dist::Group::create(env, std::chrono::seconds(60));
           auto model = replicas[static_cast<size_t>(rank)];
           optim::Optimizer opt(model->named_parameters(), opts);
-          opt.set_exchange(std::make_shared<dist::ShardedExchange>(group, dist::assign_owners(opt.parameter_numels(), 2), opt.parameter_names()));
+          opt.set_exchange(
+              std::make_shared<dist::ShardedExchange>(group, dist::assign_owners(opt.parameter_numels(), 2), opt.parameter_names()));
           for (const auto& x : data) {
             opt.backward(model->loss(x.narrow(0, rank * 2, 2)));
             opt.step();

@@ -103,8 +103,7 @@ const std::vector<Hostile>& hostile_kinds() {
 TEST(Files, OpenRefusesAFifoWithoutBlocking) {
   const std::string d = fresh_dir("fifo");
   ASSERT_EQ(::mkfifo((d + "/f").c_str(), 0644), 0);
-  EXPECT_EQ(in_child([&] { io::open_regular_file(d + "/f", "token file"); }),
-            "ok:token file " + d + "/f is a FIFO, not a regular file");
+  EXPECT_EQ(in_child([&] { io::open_regular_file(d + "/f", "token file"); }), "ok:token file " + d + "/f is a FIFO, not a regular file");
   EXPECT_EQ(in_child([&] { io::read_file(d + "/f", io::kPointerFileBytes); }), "ok:" + d + "/f is a FIFO, not a regular file");
   io::remove_tree(d);
 }
@@ -118,9 +117,10 @@ TEST(Files, OpenRefusesADevZeroLinkAFolderAndASocketByName) {
   addr.sun_family = AF_UNIX;
   std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/sock", d.c_str());
   ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  for (const auto& [name, says] : std::vector<std::pair<std::string, std::string>>{
-           {"zero", "is a character device, not a regular file"}, {"dir", "is a folder, not a regular file"},
-           {"sock", "is a socket, not a regular file"}, {"missing", "does not exist"}}) {
+  for (const auto& [name, says] : std::vector<std::pair<std::string, std::string>>{{"zero", "is a character device, not a regular file"},
+                                                                                   {"dir", "is a folder, not a regular file"},
+                                                                                   {"sock", "is a socket, not a regular file"},
+                                                                                   {"missing", "does not exist"}}) {
     EXPECT_EQ(in_child([&] { io::read_file(d + "/" + name, io::kMetadataFileBytes, "config"); }),
               "ok:config " + d + "/" + name + " " + says);
   }
@@ -243,7 +243,10 @@ TEST(FilesTempDir, MadeUnderTmpdirAndRemovedWholeOnAnException) {
     throw std::runtime_error("a failure midway");
   } catch (const std::runtime_error&) {
   }
-  if (old) ::setenv("TMPDIR", saved.c_str(), 1); else ::unsetenv("TMPDIR");
+  if (old)
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
   EXPECT_EQ(made.rfind(base + "/frugal-test-" + std::to_string(::getpid()) + "-", 0), 0u) << made;
   EXPECT_FALSE(io::path_exists(made));
   EXPECT_TRUE(io::path_exists("/etc/passwd"));

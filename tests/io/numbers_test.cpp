@@ -38,7 +38,10 @@ TEST(Numbers, IntegersAreWholeDecimalTexts) {
   for (const char* bad : {"", "-", "abc", "1x", "x1", " 1", "1 ", "+1", "1.0", "1e3", "0x10", "1,000", "inf", "nan", "--1", "1\n"}) {
     EXPECT_FALSE(to_int(bad)) << bad;
   }
-  EXPECT_FALSE(to_int(std::string("12\0" "3", 4)));
+  EXPECT_FALSE(
+      to_int(std::string("12\0"
+                         "3",
+                         4)));
 }
 
 TEST(Numbers, IntegersPastInt64AreRefusedNotWrapped) {
@@ -58,8 +61,8 @@ TEST(Numbers, DoublesAreFiniteDecimalTexts) {
   EXPECT_EQ(to_double("-2.5e3"), -2500.0);
   EXPECT_EQ(to_double("1E+2"), 100.0);
   EXPECT_EQ(to_double("1e-400"), 0.0);  // too small to represent: 0, as strtod rounds it
-  for (const char* bad : {"", ".", "-", "e5", "1e", "1e+", "abc", "1x", " 1", "1 ", "+1", "inf", "-inf", "infinity", "nan",
-                          "NaN", "0x1p3", "1,5", "1..2", "1e300000", "1e309", "-1e309"}) {
+  for (const char* bad : {"",    ".",    "-",        "e5",  "1e",  "1e+",   "abc", "1x",   " 1",       "1 ",    "+1",
+                          "inf", "-inf", "infinity", "nan", "NaN", "0x1p3", "1,5", "1..2", "1e300000", "1e309", "-1e309"}) {
     EXPECT_FALSE(to_double(bad)) << bad;
   }
   EXPECT_EQ(to_double("1e300"), 1e300);  // in double's range: the caller's range decides
@@ -102,8 +105,8 @@ TEST(Numbers, ByteCountsReadTheirNumberAsStrictly) {
   EXPECT_EQ(parse_bytes("0.5KiB"), 512);
   EXPECT_EQ(parse_bytes("0"), 0);
   // strtod alone took hex, inf and nan, and a blank after a sign.
-  for (const char* bad : {"0x10", "0x1p4K", "inf", "infK", "nan", "NaNM", "-0", "5e", "1e+", "1 K", "1K ", "99999999999999999999",
-                          "9223372036854775807"}) {
+  for (const char* bad :
+       {"0x10", "0x1p4K", "inf", "infK", "nan", "NaNM", "-0", "5e", "1e+", "1 K", "1K ", "99999999999999999999", "9223372036854775807"}) {
     EXPECT_FALSE(parse_bytes(bad)) << bad;
   }
   // Whole numbers exactly: 2^56 + 1 is not rounded to 2^56 (a caller's bound would let it by).

@@ -88,8 +88,7 @@ TEST(Safetensors, HandCorruptedFilesAreRejectedWithTheReason) {
   expect_rejected(make_file(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data), "non-negative");
   expect_rejected(make_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data), "bad data_offsets");
   expect_rejected(make_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", data), "data_offsets");
-  expect_rejected(make_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,8]}})", data),
-                  "overflows");
+  expect_rejected(make_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,8]}})", data), "overflows");
   expect_rejected(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                             R"("b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
                             data),
@@ -151,8 +150,7 @@ TEST(JsonParse, ValuesAndErrors) {
   EXPECT_TRUE(v.at("a").items()[3].is_null());
   EXPECT_EQ(v.at("a").items()[4].as_string(), "x\xc3\xa9\n");
   EXPECT_EQ(v.at("b").at("c").as_int(), 9007199254740993LL);
-  for (const char* bad : {"", "{", "[1,]", "{\"a\":1,}", "01", "1.", "\"\\q\"", "\"\\ud800\"", "tru", "1 2",
-                          "{\"a\" 1}", "\"a\nb\""}) {
+  for (const char* bad : {"", "{", "[1,]", "{\"a\":1,}", "01", "1.", "\"\\q\"", "\"\\ud800\"", "tru", "1 2", "{\"a\" 1}", "\"a\nb\""}) {
     EXPECT_THROW(parse_json(bad), JsonError) << bad;
   }
   // Past int64 an integer literal is still a JSON number (transformers writes 10^30): a double, not

@@ -24,9 +24,7 @@ using loss::RowKernel;
 
 namespace {
 
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>();
-}
+double rel_diff(const at::Tensor& a, const at::Tensor& b) { return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>(); }
 
 // Gaps of a loss and its gradients from the reference, relative to the reference's largest entry
 // (for the loss, to max(|loss|, 1)); NaN where both are NaN counts as no gap.
@@ -50,8 +48,8 @@ struct LossRun {
   std::vector<at::Tensor> grads;
 };
 
-LossRun run_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& targets,
-             Reduction reduction, int64_t chunk, bool plain, bool reference) {
+LossRun run_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& targets, Reduction reduction,
+                 int64_t chunk, bool plain, bool reference) {
   auto leaf = [&](const at::Tensor& t) {
     if (!t.defined()) return t;
     return (reference ? t.to(at::kFloat) : t).detach().clone().requires_grad_();
@@ -76,8 +74,8 @@ LossRun run_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::T
   return r;
 }
 
-Gaps gaps_from_reference(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                         const at::Tensor& targets, Reduction reduction, int64_t chunk, bool plain) {
+Gaps gaps_from_reference(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& targets,
+                         Reduction reduction, int64_t chunk, bool plain) {
   const LossRun want = run_loss(hidden, weight, bias, targets, reduction, chunk, plain, true);
   const LossRun got = run_loss(hidden, weight, bias, targets, reduction, chunk, plain, false);
   Gaps g;
@@ -90,8 +88,8 @@ Gaps gaps_from_reference(const at::Tensor& hidden, const at::Tensor& weight, con
 }
 
 std::string label(int64_t V, int64_t chunk, bool plain, bool with_bias, Reduction reduction) {
-  return "V " + std::to_string(V) + (plain ? " plain" : " chunk " + std::to_string(chunk)) +
-         (with_bias ? " bias" : "") + (reduction == Reduction::mean ? " mean" : " sum");
+  return "V " + std::to_string(V) + (plain ? " plain" : " chunk " + std::to_string(chunk)) + (with_bias ? " bias" : "") +
+         (reduction == Reduction::mean ? " mean" : " sum");
 }
 
 }  // namespace
@@ -121,8 +119,8 @@ TEST(ChunkedCrossEntropy, EqualsLinearPlusCrossEntropy) {
         if (with_bias) inputs.push_back(bias);
         const auto ref_grads = torch::autograd::grad({ref * 3.0}, inputs);
 
-        const at::Tensor out = loss::chunked_cross_entropy(
-            hidden, weight, bias, targets, ChunkedCrossEntropyOptions().chunk_size(chunk).reduction(reduction));
+        const at::Tensor out =
+            loss::chunked_cross_entropy(hidden, weight, bias, targets, ChunkedCrossEntropyOptions().chunk_size(chunk).reduction(reduction));
         EXPECT_LE(rel_diff(out, ref), 1e-6);
         const auto grads = torch::autograd::grad({out * 3.0}, inputs);
         for (size_t i = 0; i < grads.size(); ++i) EXPECT_LE(rel_diff(grads[i], ref_grads[i]), 1e-5) << "input " << i;
@@ -135,8 +133,7 @@ TEST(ChunkedCrossEntropy, IgnoredTokensGetNoGradient) {
   const at::Tensor hidden = at::randn({4, 8}).requires_grad_();
   const at::Tensor weight = at::randn({10, 8}).requires_grad_();
   const at::Tensor targets = at::tensor({3, -1, 7, -1}, at::kLong);
-  loss::chunked_cross_entropy(hidden, weight, at::Tensor(), targets, ChunkedCrossEntropyOptions().ignore_index(-1))
-      .backward();
+  loss::chunked_cross_entropy(hidden, weight, at::Tensor(), targets, ChunkedCrossEntropyOptions().ignore_index(-1)).backward();
   EXPECT_EQ(hidden.grad()[1].abs().sum().item<double>(), 0.0);
   EXPECT_EQ(hidden.grad()[3].abs().sum().item<double>(), 0.0);
   EXPECT_GT(hidden.grad()[0].abs().sum().item<double>(), 0.0);
@@ -145,11 +142,9 @@ TEST(ChunkedCrossEntropy, IgnoredTokensGetNoGradient) {
 TEST(ChunkedCrossEntropy, BadInputIsAClearError) {
   const at::Tensor hidden = at::randn({4, 8});
   const at::Tensor weight = at::randn({10, 8});
-  EXPECT_THROW(loss::chunked_cross_entropy(hidden, weight, at::Tensor(), at::tensor({1, 2, 10, 3}, at::kLong)),
-               c10::Error);
+  EXPECT_THROW(loss::chunked_cross_entropy(hidden, weight, at::Tensor(), at::tensor({1, 2, 10, 3}, at::kLong)), c10::Error);
   EXPECT_THROW(loss::chunked_cross_entropy(hidden, weight, at::Tensor(), at::tensor({1, 2, 3}, at::kLong)), c10::Error);
-  EXPECT_THROW(loss::chunked_cross_entropy(hidden, at::randn({10, 9}), at::Tensor(), at::tensor({1, 2, 3, 4}, at::kLong)),
-               c10::Error);
+  EXPECT_THROW(loss::chunked_cross_entropy(hidden, at::randn({10, 9}), at::Tensor(), at::tensor({1, 2, 3, 4}, at::kLong)), c10::Error);
   EXPECT_THROW(loss::chunked_cross_entropy(hidden, weight, at::Tensor(), at::tensor({1, 2, 3, 4}, at::kLong),
                                            ChunkedCrossEntropyOptions().chunk_size(0)),
                c10::Error);
@@ -365,18 +360,16 @@ TEST(CrossEntropyRows, EveryKernelAgreesWithDoublePrecision) {
       SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " V " + std::to_string(V));
       const Rows r = make_rows(V, static_cast<uint64_t>(V));
       std::vector<float> lse(static_cast<size_t>(r.n)), lse_portable(static_cast<size_t>(r.n));
-      const double sum = loss::cross_entropy_rows_forward(r.x.data(), r.n, V, r.stride, r.targets.data(), -100,
-                                                          lse.data(), kernel);
-      const double sum_portable = loss::cross_entropy_rows_forward(r.x.data(), r.n, V, r.stride, r.targets.data(),
-                                                                   -100, lse_portable.data(), RowKernel::portable);
+      const double sum = loss::cross_entropy_rows_forward(r.x.data(), r.n, V, r.stride, r.targets.data(), -100, lse.data(), kernel);
+      const double sum_portable =
+          loss::cross_entropy_rows_forward(r.x.data(), r.n, V, r.stride, r.targets.data(), -100, lse_portable.data(), RowKernel::portable);
       const float scale = 0.37f;
       std::vector<float> in_place = r.x, out(r.x.size(), kPad), portable(r.x.size(), kPad);
-      loss::cross_entropy_rows_backward(in_place.data(), in_place.data(), r.n, V, r.stride, r.targets.data(), -100,
-                                        lse.data(), scale, kernel);
-      loss::cross_entropy_rows_backward(r.x.data(), out.data(), r.n, V, r.stride, r.targets.data(), -100, lse.data(),
-                                        scale, kernel);
-      loss::cross_entropy_rows_backward(r.x.data(), portable.data(), r.n, V, r.stride, r.targets.data(), -100,
-                                        lse_portable.data(), scale, RowKernel::portable);
+      loss::cross_entropy_rows_backward(in_place.data(), in_place.data(), r.n, V, r.stride, r.targets.data(), -100, lse.data(), scale,
+                                        kernel);
+      loss::cross_entropy_rows_backward(r.x.data(), out.data(), r.n, V, r.stride, r.targets.data(), -100, lse.data(), scale, kernel);
+      loss::cross_entropy_rows_backward(r.x.data(), portable.data(), r.n, V, r.stride, r.targets.data(), -100, lse_portable.data(), scale,
+                                        RowKernel::portable);
       double want_sum = 0;
       for (int64_t i = 0; i < r.n; ++i) {
         const float* x = r.x.data() + i * r.stride;
@@ -397,9 +390,9 @@ TEST(CrossEntropyRows, EveryKernelAgreesWithDoublePrecision) {
         const double lse_gap = std::abs(lse[static_cast<size_t>(i)] - want_lse) / std::max(std::abs(want_lse), 1.0);
         EXPECT_LE(lse_gap, 4e-7) << "row " << i;
         worst_lse = std::max(worst_lse, lse_gap);
-        worst_vs_portable = std::max(worst_vs_portable, std::abs(static_cast<double>(lse[static_cast<size_t>(i)]) -
-                                                                 lse_portable[static_cast<size_t>(i)]) /
-                                                            std::max(std::abs(want_lse), 1.0));
+        worst_vs_portable =
+            std::max(worst_vs_portable, std::abs(static_cast<double>(lse[static_cast<size_t>(i)]) - lse_portable[static_cast<size_t>(i)]) /
+                                            std::max(std::abs(want_lse), 1.0));
         for (int64_t j = 0; j < V; ++j) {
           const double want = (std::exp(static_cast<double>(x[j]) - want_lse) - (j == t ? 1.0 : 0.0)) * scale;
           const size_t k = static_cast<size_t>(i * r.stride + j);
@@ -420,8 +413,8 @@ TEST(CrossEntropyRows, EveryKernelAgreesWithDoublePrecision) {
       }
     }
   }
-  std::printf("[ measured ] rows: lse gap %.2e, gradient gap %.2e (of the scale), kernel vs portable %.2e\n", worst_lse,
-              worst_grad, worst_vs_portable);
+  std::printf("[ measured ] rows: lse gap %.2e, gradient gap %.2e (of the scale), kernel vs portable %.2e\n", worst_lse, worst_grad,
+              worst_vs_portable);
 }
 
 // A NaN logit makes its row's loss and gradient NaN on every kernel, as it does in cross_entropy.

@@ -134,8 +134,7 @@ TEST(HtmlReport, NestedPhasesAndUnclosedOnes) {
     return e;
   };
   memory::Trace t;
-  t.events = {marker(0, memory::Action::phase_begin, Phase::backward),
-              marker(10, memory::Action::phase_begin, Phase::optimizer),
+  t.events = {marker(0, memory::Action::phase_begin, Phase::backward), marker(10, memory::Action::phase_begin, Phase::optimizer),
               marker(12, memory::Action::phase_end, Phase::optimizer),
               marker(20, memory::Action::phase_begin, Phase::forward),  // never closed
               marker(30, memory::Action::step, Phase::idle)};
@@ -187,8 +186,7 @@ TEST(HtmlReport, DownsamplingKeepsTheExactPeak) {
 }
 
 TEST(HtmlReport, PageFetchesNothing) {
-  const std::string page = memory::html_report({{"a.json", memory::read_trace(kTrace)},
-                                                {"b.json", memory::read_trace(kTrace)}});
+  const std::string page = memory::html_report({{"a.json", memory::read_trace(kTrace)}, {"b.json", memory::read_trace(kTrace)}});
   EXPECT_EQ(page.find("<script src"), std::string::npos);
   EXPECT_EQ(page.find("http://"), std::string::npos);
   EXPECT_EQ(page.find("https://"), std::string::npos);
@@ -272,8 +270,9 @@ TEST(HtmlReport, TracesThatWouldDrawNegativeMemoryAreRefused) {
   refused(R"({"steps": [{"step": 0, "peak_bytes": 1, "breakdown": {"other": )" + half + R"(, "input": )" + half + "}}], \"events\": []}",
           "2^63");
   // What stays legal: allocations up to 2^63 - 1 in all, freed back to zero.
-  const memory::Trace ok = memory::read_trace(events_json({event_json(0, "alloc", half, "other"), event_json(1, "alloc", "4611686018427387903", "input"),
-                                                           event_json(2, "free", half, "other")}));
+  const memory::Trace ok =
+      memory::read_trace(events_json({event_json(0, "alloc", half, "other"), event_json(1, "alloc", "4611686018427387903", "input"),
+                                      event_json(2, "free", half, "other")}));
   const auto samples = memory::replay_live_bytes(ok.events);
   for (const memory::LiveSample& s : samples) EXPECT_GE(s.total(), 0);
   EXPECT_EQ(memory::peak_sample(samples).total(), INT64_MAX);

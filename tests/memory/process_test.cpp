@@ -59,7 +59,7 @@ TEST(Process, KeepFreedHeapStopsTheNextStepRefaultingWhatThisOneFreed) {
     const int64_t kept = one_step_of_gradients();
     std::fprintf(stderr, "minor faults of a step: %lld with glibc's defaults, %lld after keep_freed_heap (%s)\n",
                  static_cast<long long>(plain), static_cast<long long>(kept), why.c_str());
-    if (plain < 30000) return 5;  // the defaults did refault (most of 36864 pages)
+    if (plain < 30000) return 5;        // the defaults did refault (most of 36864 pages)
     return kept * 100 < plain ? 0 : 6;  // kept: under 1% of that
   });
   EXPECT_EQ(status, 0) << "4: refused, 5: glibc's defaults kept the pages already, 6: the next step still faulted";

@@ -42,8 +42,7 @@ struct TinyModel {
   }
 };
 
-void train_step(TinyModel& m, torch::optim::Optimizer& opt, const at::Tensor& x,
-                const checkpoint::CheckpointPolicy& policy) {
+void train_step(TinyModel& m, torch::optim::Optimizer& opt, const at::Tensor& x, const checkpoint::CheckpointPolicy& policy) {
   at::Tensor loss;
   {
     memory::PhaseScope fw(Phase::forward);
@@ -349,8 +348,8 @@ TEST(Tracker, CountersOnlyAndFullEventsGiveIdenticalNumbers) {
       ASSERT_EQ(replayed.size(), sa.size());
       for (size_t i = 0; i < sa.size(); ++i) {
         EXPECT_EQ(replayed[i].peak_bytes, sa[i].peak_bytes);
-        EXPECT_EQ(replayed[i].breakdown, sa[i].breakdown) << "step " << i << ": " << describe(replayed[i].breakdown)
-                                                          << "vs " << describe(sa[i].breakdown);
+        EXPECT_EQ(replayed[i].breakdown, sa[i].breakdown)
+            << "step " << i << ": " << describe(replayed[i].breakdown) << "vs " << describe(sa[i].breakdown);
       }
       // Nothing made and freed inside forward or backward hides under another name at the peak.
       EXPECT_GT(a.breakdown[static_cast<int>(Category::temporary)] + a.breakdown[static_cast<int>(Category::activation)], 0);
@@ -398,8 +397,8 @@ TEST(Tracker, ARecordedPeakLearnsThatItsBuffersWereTemporaries) {
   at::Tensor kept;
   {
     memory::PhaseScope fw(Phase::forward);
-    kept = at::empty({100});                   // 400 B, survives forward: activation
-    at::Tensor scratch = at::empty({1000});    // 4000 B, the peak, freed inside forward
+    kept = at::empty({100});                                                               // 400 B, survives forward: activation
+    at::Tensor scratch = at::empty({1000});                                                // 4000 B, the peak, freed inside forward
     EXPECT_EQ(tracker->live_by_category()[static_cast<int>(Category::activation)], 4400);  // not known yet
   }
   const auto peak = tracker->peak_report();
@@ -435,8 +434,8 @@ TEST(Tracker, TraceRoundTripsThroughItsFile) {
   ASSERT_EQ(read.events.size(), written.events.size());
   for (size_t i = 0; i < read.events.size(); ++i) {
     const auto &a = read.events[i], &b = written.events[i];
-    ASSERT_TRUE(a.time_us == b.time_us && a.action == b.action && a.bytes == b.bytes && a.category == b.category &&
-                a.phase == b.phase && a.device == b.device && a.addr == b.addr && a.step == b.step)
+    ASSERT_TRUE(a.time_us == b.time_us && a.action == b.action && a.bytes == b.bytes && a.category == b.category && a.phase == b.phase &&
+                a.device == b.device && a.addr == b.addr && a.step == b.step)
         << "event " << i;
   }
   ASSERT_EQ(read.steps.size(), written.steps.size());
@@ -450,7 +449,8 @@ TEST(Tracker, TraceRoundTripsThroughItsFile) {
   // Hostile or foreign files are refused with a reason.
   EXPECT_THROW(memory::read_trace(R"({"format": "something-else", "version": 1, "events": []})"), std::invalid_argument);
   EXPECT_THROW(memory::read_trace(R"({"format": "frugal-trace", "version": 99, "events": []})"), std::invalid_argument);
-  const std::string huge = R"({"time_us": 0, "action": "alloc", "bytes": 9223372036854775807, "category": "other", "phase": "idle", "device": "cpu", "step": 0})";
+  const std::string huge =
+      R"({"time_us": 0, "action": "alloc", "bytes": 9223372036854775807, "category": "other", "phase": "idle", "device": "cpu", "step": 0})";
   EXPECT_THROW(memory::read_trace("{\"events\": [" + huge + ", " + huge + "]}"), std::invalid_argument);
 }
 
@@ -477,8 +477,7 @@ TEST(Tracker, BoundedCaptureRecordsWhatIsLiveWhenACapturedStepBegins) {
 // buffers are parameter from then on, and its gradients are gradient even when torch::optim and
 // loss.backward() make them; adopted memory leaves the counts once its storage is gone.
 TEST(Tracker, WatchAdoptsAModelBuiltBeforeTrackingAndItsGradients) {
-  auto net = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::BatchNorm1d(256), torch::nn::ReLU(),
-                                   torch::nn::Linear(256, 8));
+  auto net = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::BatchNorm1d(256), torch::nn::ReLU(), torch::nn::Linear(256, 8));
   int64_t param_bytes = 0, buffer_bytes = 0;
   for (const auto& p : net->parameters()) param_bytes += bytes_of(p);
   for (const auto& b : net->buffers()) buffer_bytes += bytes_of(b);
@@ -504,7 +503,7 @@ TEST(Tracker, WatchAdoptsAModelBuiltBeforeTrackingAndItsGradients) {
   EXPECT_EQ(cat(*tracker, Category::parameter), param_bytes + buffer_bytes + 4000);
   {
     memory::TrackingGuard on(tracker);
-    extra.reset();  // c10 reports no free of memory allocated before reporting began...
+    extra.reset();                            // c10 reports no free of memory allocated before reporting began...
     memory::PhaseScope next(Phase::forward);  // ...so the tracker sees the storage gone at the next mark
   }
   EXPECT_EQ(cat(*tracker, Category::parameter), param_bytes + buffer_bytes);

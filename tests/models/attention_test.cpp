@@ -29,9 +29,7 @@ at::Tensor repeat_heads(const at::Tensor& x, int64_t rep) {
   return x.unsqueeze(2).expand({s[0], s[1], rep, s[2], s[3]}).reshape({s[0], s[1] * rep, s[2], s[3]});
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
-}
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>(); }
 
 struct AttentionRun {
   at::Tensor out;

@@ -82,14 +82,12 @@ TEST(Decoder, RotaryFunctionMatchesPlainAutogradAndKeepsNorms) {
   torch::manual_seed(1);
   const at::Tensor q = at::randn({2, 4, 7, 8}).requires_grad_(), k = at::randn({2, 4, 7, 8}).requires_grad_();
   const auto [qr, kr] = models::apply_rotary(q, k, 10000.0);
-  EXPECT_LE((qr.norm(2, -1) - q.norm(2, -1)).abs().max().item<double>(), 1e-5);  // a rotation
+  EXPECT_LE((qr.norm(2, -1) - q.norm(2, -1)).abs().max().item<double>(), 1e-5);    // a rotation
   EXPECT_LE((qr.select(2, 0) - q.select(2, 0)).abs().max().item<double>(), 1e-6);  // position 0: identity
   // Plain version: y = x cos + rotate_half(x) sin
   const at::Tensor inv = at::pow(10000.0, at::arange(0, 8, 2, at::kFloat) / 8.0).reciprocal();
   const at::Tensor emb = at::cat({at::outer(at::arange(7, at::kFloat), inv), at::outer(at::arange(7, at::kFloat), inv)}, -1);
-  auto plain = [&](const at::Tensor& x) {
-    return x * emb.cos() + at::cat({-x.narrow(-1, 4, 4), x.narrow(-1, 0, 4)}, -1) * emb.sin();
-  };
+  auto plain = [&](const at::Tensor& x) { return x * emb.cos() + at::cat({-x.narrow(-1, 4, 4), x.narrow(-1, 0, 4)}, -1) * emb.sin(); };
   EXPECT_LE((qr - plain(q)).abs().max().item<double>(), 1e-5);
   const at::Tensor g = at::randn({2, 4, 7, 8});
   const auto ours = torch::autograd::grad({qr}, {q}, {g});
@@ -176,10 +174,10 @@ TEST(Decoder, SdpaIsCausalUnchangedByCheckpointingAndEqualToExplicit) {
     auto m = models::make_decoder(c);
     const at::Tensor x = m->embed(at::randint(0, 97, {2, 12}, at::kLong)).detach().requires_grad_();
     const auto chain = m->chain();
-    EXPECT_NO_THROW(checkpoint::checkpoint(chain[0].forward, x, chain[0].params,
-                                           checkpoint::CheckpointOptions().strict(true).strict_rtol(0))
-                        .sum()
-                        .backward());
+    EXPECT_NO_THROW(
+        checkpoint::checkpoint(chain[0].forward, x, chain[0].params, checkpoint::CheckpointOptions().strict(true).strict_rtol(0))
+            .sum()
+            .backward());
   }
 }
 
@@ -284,8 +282,7 @@ TEST(Decoder, SdpaKeptBytesEqualTheFormula) {
       auto e = c;
       e.attention = models::AttentionKernel::explicit_softmax;
       const auto ae = models::decoder_activation_bytes(e, B, T, dtype, models::LossOptions());
-      EXPECT_EQ(ae.block_plain - a.block_plain,
-                B * c.n_heads * T * (T * static_cast<int64_t>(c10::elementSize(dtype)) - 4));
+      EXPECT_EQ(ae.block_plain - a.block_plain, B * c.n_heads * T * (T * static_cast<int64_t>(c10::elementSize(dtype)) - 4));
     }
   }
 }
@@ -367,7 +364,7 @@ TEST(Decoder, ActivationsFollowTheirFormulas) {
   const at::Tensor tokens = at::randint(0, c.vocab_size, {1, 8}, at::kLong);
   at::NoGradGuard no_grad;
   const double diff = (erf->logits(tokens) - tanh->logits(tokens)).abs().max().item<double>();
-  EXPECT_GT(diff, 0.0);  // a different function ...
+  EXPECT_GT(diff, 0.0);   // a different function ...
   EXPECT_LT(diff, 1e-2);  // ... close to the same one
   const at::Tensor x = at::linspace(-4, 4, 101, at::kDouble);
   const at::Tensor tanh_ref = 0.5 * x * (1 + at::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x.pow(3))));

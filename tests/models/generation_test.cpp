@@ -45,7 +45,7 @@ TEST(Generation, CachedLogitsEqualFullLogits) {
     m->eval();
     at::NoGradGuard no_grad;
     const at::Tensor ids = at::randint(0, 97, {2, 9}, at::kLong);  // (B, T)
-    const at::Tensor full = m->logits(ids);                       // (B, T, V)
+    const at::Tensor full = m->logits(ids);                        // (B, T, V)
     models::KVCache cache;
     const at::Tensor a = m->logits_with_cache(ids.narrow(1, 0, 6), cache);  // (B, 6, V)
     EXPECT_EQ(cache.length, 6);
@@ -80,7 +80,8 @@ TEST(Generation, SamplingIsDeterministicForASeed) {
   const auto b = models::generate_ids(*m, kPrompt, models::GenerationOptions(opts).seed(5));
   EXPECT_EQ(a.tokens, b.tokens);
   bool differs = false;
-  for (uint64_t s = 6; s < 12 && !differs; ++s) differs = models::generate_ids(*m, kPrompt, models::GenerationOptions(opts).seed(s)).tokens != a.tokens;
+  for (uint64_t s = 6; s < 12 && !differs; ++s)
+    differs = models::generate_ids(*m, kPrompt, models::GenerationOptions(opts).seed(s)).tokens != a.tokens;
   EXPECT_TRUE(differs);
 }
 
@@ -123,8 +124,10 @@ TEST(Generation, StopsAtEndOfSequenceAndAtTheContext) {
 
 TEST(Generation, RefusesNonsense) {
   auto m = tiny_model();
-  for (double t : std::vector<double>{-1.0, NAN, INFINITY}) EXPECT_THROW(models::generate_ids(*m, kPrompt, greedy(2).temperature(t)), std::invalid_argument);
-  for (double p : std::vector<double>{0.0, -0.5, 1.5, NAN}) EXPECT_THROW(models::generate_ids(*m, kPrompt, greedy(2).top_p(p)), std::invalid_argument);
+  for (double t : std::vector<double>{-1.0, NAN, INFINITY})
+    EXPECT_THROW(models::generate_ids(*m, kPrompt, greedy(2).temperature(t)), std::invalid_argument);
+  for (double p : std::vector<double>{0.0, -0.5, 1.5, NAN})
+    EXPECT_THROW(models::generate_ids(*m, kPrompt, greedy(2).top_p(p)), std::invalid_argument);
   EXPECT_THROW(models::generate_ids(*m, kPrompt, greedy(2).top_k(-1)), std::invalid_argument);
   EXPECT_THROW(models::generate_ids(*m, {}, greedy(2)), std::invalid_argument);
   EXPECT_THROW(models::generate_ids(*m, {97}, greedy(2)), std::invalid_argument);

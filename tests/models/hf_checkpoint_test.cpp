@@ -81,7 +81,9 @@ TEST(HfCheckpoint, WeightsThatDoNotFitAreNamed) {
   } catch (const std::invalid_argument& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("Missing: model.layers.0."), std::string::npos) << msg;
-    EXPECT_NE(msg.find("model.embed_tokens.weight is [50, 8] in the file but [50, 16] in the model (dimension 1: 8 vs 16)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.embed_tokens.weight is [50, 8] in the file but [50, 16] in the model (dimension 1: 8 vs 16)"),
+              std::string::npos)
+        << msg;
   }
   EXPECT_THROW(models::load_hf_weights(*model, fresh_dir("empty")), std::invalid_argument);
   std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "hidden_size": 16})";
@@ -163,7 +165,8 @@ TEST(HfCheckpoint, AConfigLargerThanItsWeightsIsRefusedBeforeAnyModelIsBuilt) {
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("config.json implies 900000003 tensors (100000000 layers) but the weights hold 21"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   EXPECT_LT(tracker->peak_bytes(), 1 << 20);
   // A width the weights do not have: the tensor and the dimension are named.
@@ -173,8 +176,11 @@ TEST(HfCheckpoint, AConfigLargerThanItsWeightsIsRefusedBeforeAnyModelIsBuilt) {
     models::load_hf_checkpoint(dir);
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.weight is [40, 16] in the file but [4000000, 16] in the model (dimension 0: 40 vs 4000000)"),
-              std::string::npos) << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "model.layers.0.mlp.gate_proj.weight is [40, 16] in the file but [4000000, 16] in the model (dimension 0: 40 vs 4000000)"),
+        std::string::npos)
+        << e.what();
   }
 }
 
@@ -184,8 +190,8 @@ TEST(HfCheckpoint, AHugeTensorInASparseFileIsRefusedFromItsHeaderWithoutReadingI
   auto model = models::make_decoder(tiny("llama"));
   const std::string dir = fresh_dir("sparse");
   const int64_t n = int64_t{1} << 28, bytes = n * 4;
-  std::string header = R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[16384,16384],"data_offsets":[0,)" +
-                       std::to_string(bytes) + "]}}";
+  std::string header =
+      R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[16384,16384],"data_offsets":[0,)" + std::to_string(bytes) + "]}}";
   header.resize((header.size() + 7) / 8 * 8, ' ');
   {
     std::ofstream f(dir + "/model.safetensors", std::ios::binary);
@@ -203,7 +209,8 @@ TEST(HfCheckpoint, AHugeTensorInASparseFileIsRefusedFromItsHeaderWithoutReadingI
     FAIL() << "a 1 GiB embedding was accepted for a [50, 16] one";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight is [16384, 16384] in the file but [50, 16] in the model"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   ::getrusage(RUSAGE_SELF, &after);
   EXPECT_LT(tracker->peak_bytes(), 1 << 20);
@@ -305,7 +312,8 @@ TEST(HfCheckpoint, FieldsThatWouldChangeTheModelAreRefusedByName) {
       {llama + R"(, "sliding_window": 128})", "sliding_window"},
       {llama + R"(, "torch_dtype": "float64"})", "torch_dtype"},
       {R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 30, "intermediate_size": 48, "num_hidden_layers": 1,
-          "num_attention_heads": 4})", "num_attention_heads"},
+          "num_attention_heads": 4})",
+       "num_attention_heads"},
       {llama + R"(, "head_dim": 7})", "head_dim"},
       {gpt2 + R"(, "scale_attn_weights": false})", "scale_attn_weights"},
       {gpt2 + R"(, "scale_attn_by_inverse_layer_idx": true})", "scale_attn_by_inverse_layer_idx"},

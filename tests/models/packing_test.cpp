@@ -253,9 +253,7 @@ TEST(Packing, ExamplesDoNotSeeEachOtherAndStartAtPositionZero) {
       at::NoGradGuard no_grad;
       const int64_t later = kLengths[2];  // row 1's later examples start here
       const int64_t n = kRowLength - later;
-      auto tail = [&](const at::Tensor& tokens, const at::Tensor& segments) {
-        return m->logits(tokens, segments)[1].narrow(0, later, n);
-      };
+      auto tail = [&](const at::Tensor& tokens, const at::Tensor& segments) { return m->logits(tokens, segments)[1].narrow(0, later, n); };
       EXPECT_LE((tail(b.tokens, b.segments) - tail(changed, b.segments)).abs().max().item<double>(), 1e-6);
       EXPECT_GT((tail(b.tokens, at::Tensor()) - tail(changed, at::Tensor())).abs().max().item<double>(), 1e-3);
       // row 1's second example (ex[3]) alone, against its place in the packed row
@@ -437,8 +435,8 @@ TEST(Packing, SdpaKeepsNoProbabilitiesAndOnlyTheSharedMask) {
     };
     const int64_t unmasked = kept(at::Tensor()), with_bool = kept(allowed), with_additive = kept(additive);
     const int64_t e = static_cast<int64_t>(c10::elementSize(dtype));
-    EXPECT_EQ(with_bool - unmasked, B * T * T * e);  // the bool mask converted on this call, kept
-    EXPECT_EQ(with_additive, unmasked);              // the caller's mask itself
+    EXPECT_EQ(with_bool - unmasked, B * T * T * e);      // the bool mask converted on this call, kept
+    EXPECT_EQ(with_additive, unmasked);                  // the caller's mask itself
     EXPECT_LT(with_bool - unmasked, B * H * T * T * e);  // not the probabilities (the math kernel's)
     // and the masked kernel computes what the explicit one does
     const at::Tensor a = models::causal_attention(q, k, v, AttentionKernel::sdpa, additive).to(at::kFloat);

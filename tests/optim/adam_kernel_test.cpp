@@ -35,8 +35,7 @@ std::vector<DenseKernel> available_paths() {
 }
 
 AdamStep adam_step(double lr, double b1, double b2, double eps, double wd, int64_t t, bool decoupled) {
-  return AdamStep{lr, b1, b2, eps, wd, 1 - std::pow(b1, static_cast<double>(t)), 1 - std::pow(b2, static_cast<double>(t)),
-                  decoupled};
+  return AdamStep{lr, b1, b2, eps, wd, 1 - std::pow(b1, static_cast<double>(t)), 1 - std::pow(b2, static_cast<double>(t)), decoupled};
 }
 
 struct Diff {
@@ -48,8 +47,7 @@ struct Diff {
 // and the fraction of values that differ at all.
 Diff diff(const at::Tensor& ours, const at::Tensor& ref) {
   const at::Tensor r = ref.to(at::kDouble), d = (ours.to(at::kDouble) - r).abs();
-  return {d.max().item<double>(), (d / r.abs().clamp_min(0.01)).max().item<double>(),
-          (d > 0).to(at::kDouble).mean().item<double>()};
+  return {d.max().item<double>(), (d / r.abs().clamp_min(0.01)).max().item<double>(), (d > 0).to(at::kDouble).mean().item<double>()};
 }
 
 // The largest differences over a test's cases, written to the test's properties (--gtest_output=xml
@@ -90,8 +88,9 @@ at::Tensor stochastic_reference(const at::Tensor& x, uint64_t seed) {
     uint32_t bits;
     std::memcpy(&bits, in + i, 4);
     const uint64_t index = static_cast<uint64_t>(i);
-    const uint32_t noise = mix32(mix32(static_cast<uint32_t>(index) ^ static_cast<uint32_t>(seed)) ^
-                                 static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(index >> 32)) & 0xFFFFu;
+    const uint32_t noise = mix32(mix32(static_cast<uint32_t>(index) ^ static_cast<uint32_t>(seed)) ^ static_cast<uint32_t>(seed >> 32) ^
+                                 static_cast<uint32_t>(index >> 32)) &
+                           0xFFFFu;
     o[i] = static_cast<uint16_t>((bits + noise) >> 16);
   }
   return out;
@@ -128,9 +127,11 @@ TEST(AdamKernel, MatchesTorchOptimAdamAndAdamWOver10Steps) {
       at::Tensor ref = p0.clone().requires_grad_();
       std::unique_ptr<torch::optim::Optimizer> opt;
       if (decoupled) {
-        opt = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{ref}, torch::optim::AdamWOptions(lr).weight_decay(wd).betas({b1, b2}).eps(eps));
+        opt = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{ref},
+                                                    torch::optim::AdamWOptions(lr).weight_decay(wd).betas({b1, b2}).eps(eps));
       } else {
-        opt = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{ref}, torch::optim::AdamOptions(lr).weight_decay(wd).betas({b1, b2}).eps(eps));
+        opt = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{ref},
+                                                   torch::optim::AdamOptions(lr).weight_decay(wd).betas({b1, b2}).eps(eps));
       }
       for (const auto& g : grads) {
         ref.mutable_grad() = g.clone();
@@ -156,8 +157,7 @@ TEST(AdamKernel, MatchesTorchOptimAdamAndAdamWOver10Steps) {
       for (DenseKernel k : available_paths()) {
         at::Tensor pk = p0.clone(), m = at::zeros({n}), v = at::zeros({n});
         for (int t = 0; t < 10; ++t) {
-          adam_step_dense_cpu(adam_step(lr, b1, b2, eps, wd, t + 1, decoupled), pk, grads[static_cast<size_t>(t)], m, v,
-                              Bf16Rounding{}, k);
+          adam_step_dense_cpu(adam_step(lr, b1, b2, eps, wd, t + 1, decoupled), pk, grads[static_cast<size_t>(t)], m, v, Bf16Rounding{}, k);
         }
         const Diff d = diff(pk, expected);
         worst.add(d);
@@ -195,8 +195,8 @@ TEST(AdamKernel, SgdMatchesTorchOptimOver10Steps) {
       std::vector<at::Tensor> grads;
       for (int t = 0; t < 10; ++t) grads.push_back(at::randn({n}));
       at::Tensor ref = p0.clone().requires_grad_();
-      torch::optim::SGD opt({ref}, torch::optim::SGDOptions(c.lr).momentum(c.momentum).dampening(c.dampening)
-                                       .weight_decay(c.wd).nesterov(c.nesterov));
+      torch::optim::SGD opt(
+          {ref}, torch::optim::SGDOptions(c.lr).momentum(c.momentum).dampening(c.dampening).weight_decay(c.wd).nesterov(c.nesterov));
       for (const auto& g : grads) {
         ref.mutable_grad() = g.clone();
         opt.step();
@@ -218,12 +218,10 @@ TEST(AdamKernel, SgdMatchesTorchOptimOver10Steps) {
       for (DenseKernel k : available_paths()) {
         at::Tensor pk = p0.clone(), buf = c.momentum != 0 ? at::empty({n}) : at::Tensor();
         for (int t = 0; t < 10; ++t) {
-          sgd_step_dense_cpu(SgdStep{c.lr, c.wd, c.momentum, c.dampening, c.nesterov}, pk, grads[static_cast<size_t>(t)],
-                             buf, t == 0, k);
+          sgd_step_dense_cpu(SgdStep{c.lr, c.wd, c.momentum, c.dampening, c.nesterov}, pk, grads[static_cast<size_t>(t)], buf, t == 0, k);
         }
         if (sgd_takes_dense_kernel()) {  // ATen fuses its multiply-adds as the kernel does
-          EXPECT_TRUE(at::equal(pk, expected)) << dense_kernel_name(k) << ": not torch::optim's bits, max abs "
-                                               << diff(pk, expected).abs;
+          EXPECT_TRUE(at::equal(pk, expected)) << dense_kernel_name(k) << ": not torch::optim's bits, max abs " << diff(pk, expected).abs;
         }
       }
     }

@@ -52,8 +52,7 @@ double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
 }
 
 void train(Model& model, optim::Optimizer& opt, const std::vector<at::Tensor>& data,
-           const checkpoint::CheckpointPolicy& policy = checkpoint::CheckpointPolicy::none(),
-           optim::LRScheduler* sched = nullptr) {
+           const checkpoint::CheckpointPolicy& policy = checkpoint::CheckpointPolicy::none(), optim::LRScheduler* sched = nullptr) {
   for (const auto& x : data) {
     opt.backward(model.loss(x, policy));
     opt.step();
@@ -76,8 +75,8 @@ std::vector<at::Tensor> in_dtype(const std::vector<at::Tensor>& data, at::Scalar
 // PyTorch's own fused=True AdamW does against its for-loop one (3.6e-3 after 20 steps on a model of
 // this kind). Measured here: 1.8e-3 (20 steps, lr 1e-2) and 6.5e-4 (param groups). Bound: 5e-3.
 double torch_optim_tolerance(Algorithm algorithm, at::ScalarType dtype) {
-  const bool kernel_ulps = dtype == at::kFloat && algorithm != Algorithm::sgd && optim::adam_takes_dense_kernel() &&
-                           !optim::adam_kernel_gives_aten_bits();
+  const bool kernel_ulps =
+      dtype == at::kFloat && algorithm != Algorithm::sgd && optim::adam_takes_dense_kernel() && !optim::adam_kernel_gives_aten_bits();
   return kernel_ulps ? 5e-3 : 1e-6;
 }
 
@@ -115,8 +114,8 @@ TEST(Optimizer, UpdatesEqualTorchOptimAfter20Steps) {
        }},
       {"adamw wd", OptimizerOptions().algorithm(Algorithm::adamw).lr(1e-2).weight_decay(0.1).beta2(0.95),
        [](std::vector<at::Tensor> p) {
-         return std::make_unique<torch::optim::AdamW>(
-             p, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).betas(std::make_tuple(0.9, 0.95)));
+         return std::make_unique<torch::optim::AdamW>(p,
+                                                      torch::optim::AdamWOptions(1e-2).weight_decay(0.1).betas(std::make_tuple(0.9, 0.95)));
        }},
   };
   for (auto& c : cases) {
@@ -181,10 +180,8 @@ TEST(Optimizer, ParamGroupsHaveTheirOwnLrAndWeightDecay) {
     Model r(2, 32, 4);
     auto [rd, rn] = split(r, false);
     std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(rd.params, std::make_unique<torch::optim::AdamWOptions>(
-                                       torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
-    groups.emplace_back(rn.params, std::make_unique<torch::optim::AdamWOptions>(
-                                       torch::optim::AdamWOptions(5e-3).weight_decay(0.0)));
+    groups.emplace_back(rd.params, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+    groups.emplace_back(rn.params, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(5e-3).weight_decay(0.0)));
     torch::optim::AdamW reference(groups);
     train_reference(r, reference, data);
     EXPECT_LE(max_param_diff(m, r), torch_optim_tolerance(Algorithm::adamw, at::kFloat)) << optim::mode_name(mode);
@@ -276,8 +273,7 @@ TEST(Optimizer, RefusesWhatItCannotDo) {
     EXPECT_NE(std::string(e.what()).find("cannot be accumulated over 4 micro-batches"), std::string::npos) << e.what();
   }
   EXPECT_THROW(optim::Optimizer(m.named_parameters(), OptimizerOptions().lr(-1)), std::invalid_argument);
-  EXPECT_THROW(optim::Optimizer(m.named_parameters(), OptimizerOptions().algorithm(Algorithm::sgd).nesterov(true)),
-               std::invalid_argument);
+  EXPECT_THROW(optim::Optimizer(m.named_parameters(), OptimizerOptions().algorithm(Algorithm::sgd).nesterov(true)), std::invalid_argument);
 }
 
 TEST(Optimizer, AccumulationInStandardModeEqualsTheFullBatch) {
@@ -316,8 +312,8 @@ TEST(Optimizer, StateDictMovesBetweenModesAndContinuesTheTrajectory) {
     optim::TensorDict saved_state;
     std::vector<at::Tensor> saved_params;
     {
-      optim::Optimizer o(before.named_parameters(), OptimizerOptions(opts).mode(
-                                                       resumed_mode == Mode::standard ? Mode::in_backward : Mode::standard));
+      optim::Optimizer o(before.named_parameters(),
+                         OptimizerOptions(opts).mode(resumed_mode == Mode::standard ? Mode::in_backward : Mode::standard));
       train(before, o, first);
       for (const auto& [k, v] : o.state_dict()) saved_state[k] = v.clone();
       for (const auto& p : before.parameters()) saved_params.push_back(p.detach().clone());

@@ -93,16 +93,18 @@ TEST(QuantKernel, EveryPathGivesThePortableBits) {
             for (at::ScalarType g_type : {at::kFloat, at::kBFloat16}) {
               for (bool stochastic : {false, true}) {
                 if (stochastic && p_type == at::kFloat) continue;  // only a bf16 parameter rounds
-                for (int variant = 0; variant < 3; ++variant) {  // AdamW, Adam with and without weight decay
+                for (int variant = 0; variant < 3; ++variant) {    // AdamW, Adam with and without weight decay
                   const std::string where = std::to_string(bits) + "-bit, block " + std::to_string(block) + ", n " + std::to_string(n) +
                                             (usual_maps ? "" : ", swapped maps") + ", p " + c10::toString(p_type) + ", g " +
-                                            c10::toString(g_type) + (stochastic ? ", stochastic" : "") + ", variant " + std::to_string(variant);
+                                            c10::toString(g_type) + (stochastic ? ", stochastic" : "") + ", variant " +
+                                            std::to_string(variant);
                   SCOPED_TRACE(where);
                   ++configs;
                   at::manual_seed(static_cast<uint64_t>(configs));
                   const at::Tensor p0 = at::randn({n}).to(p_type);
                   std::vector<at::Tensor> grads;
-                  for (int t = 0; t < 3; ++t) grads.push_back((at::randn({n}) * 0.1 * at::pow(10.0, -at::randint(0, 4, {n}).to(at::kFloat))));
+                  for (int t = 0; t < 3; ++t)
+                    grads.push_back((at::randn({n}) * 0.1 * at::pow(10.0, -at::randint(0, 4, {n}).to(at::kFloat))));
                   grads[1][n / 2] = std::numeric_limits<float>::quiet_NaN();
                   if (n > 2) grads[2][n - 1] = -std::numeric_limits<float>::infinity();
                   for (at::Tensor& g : grads) g = g.to(g_type);
@@ -113,8 +115,8 @@ TEST(QuantKernel, EveryPathGivesThePortableBits) {
                     v.store(0, n, v0);
                     at::Tensor p = p0.clone();
                     for (int t = 1; t <= 3; ++t) {
-                      const AdamStep h{1e-2, 0.9, 0.999, 1e-8, variant == 2 ? 0.0 : 0.01, 1 - std::pow(0.9, t), 1 - std::pow(0.999, t),
-                                       variant == 0};
+                      const AdamStep h{
+                          1e-2, 0.9, 0.999, 1e-8, variant == 2 ? 0.0 : 0.01, 1 - std::pow(0.9, t), 1 - std::pow(0.999, t), variant == 0};
                       // two ranges, as the optimizer's chunks call it: a whole number of blocks, then the rest
                       const int64_t cut = std::min(n, 3 * block);
                       for (auto [b, e] : {std::pair<int64_t, int64_t>{0, cut}, {cut, n}}) {

@@ -29,8 +29,7 @@ TEST(Schedule, ValuesAtKnownSteps) {
   EXPECT_DOUBLE_EQ(schedule_factor(step, 9), 1.0);
   EXPECT_DOUBLE_EQ(schedule_factor(step, 10), 0.5);
   EXPECT_DOUBLE_EQ(schedule_factor(step, 25), 0.25);
-  EXPECT_THROW(schedule_factor(ScheduleOptions().kind(ScheduleKind::cosine).warmup_steps(10).total_steps(10), 0),
-               std::invalid_argument);
+  EXPECT_THROW(schedule_factor(ScheduleOptions().kind(ScheduleKind::cosine).warmup_steps(10).total_steps(10), 0), std::invalid_argument);
   EXPECT_EQ(parse_schedule("cosine"), ScheduleKind::cosine);
   EXPECT_FALSE(parse_schedule("cosin").has_value());
 }

@@ -73,7 +73,7 @@ TEST(CodeMap, PropertiesOfTheDynamicMaps) {
       SCOPED_TRACE(std::to_string(bits) + (is_signed ? " signed" : " unsigned"));
       const at::Tensor map = dynamic_code_map(is_signed, bits);
       ASSERT_EQ(map.numel(), 1 << bits);
-      EXPECT_TRUE(at::equal(map, std::get<0>(map.sort())));                        // sorted
+      EXPECT_TRUE(at::equal(map, std::get<0>(map.sort())));                         // sorted
       EXPECT_EQ(std::get<1>(at::unique_consecutive(map, false, true)).numel(), 0);  // no repeats
       EXPECT_FLOAT_EQ(map.max().item<float>(), 1.0f);
       if (is_signed) {
@@ -97,7 +97,7 @@ TEST(CodeMap, BlockRoundTripErrorIsBoundedByTheMapsGaps) {
     for (bool is_signed : {true, false}) {
       SCOPED_TRACE(std::to_string(bits) + (is_signed ? " signed" : " unsigned"));
       const int64_t block = bits == 8 ? 256 : 128, n = 10 * block + 37;  // a short last block too
-      at::Tensor x = at::randn({n}) * at::exp(at::randn({n}));            // heavy-tailed, like moments
+      at::Tensor x = at::randn({n}) * at::exp(at::randn({n}));           // heavy-tailed, like moments
       if (!is_signed) x = x.pow(2);
       QuantizedBuffer q(n, bits, block, is_signed);
       q.store(0, n, x);
@@ -451,7 +451,7 @@ TEST(CodeMap, FusedBf16StochasticRoundingIsUnbiasedAndTheSameInAnyChunking) {
   EXPECT_LE(((got - exact).abs() - spacing).max().item<double>(), 0.0);  // never further than one spacing
   EXPECT_TRUE(at::equal(at::isfinite(got), at::ones_like(got, at::kBool)));
   const double bias = ((got - exact) / spacing).mean().item<double>();
-  EXPECT_NEAR(bias, 0.0, 0.005);                                   // ~0.0004 standard error over 2^19 values
+  EXPECT_NEAR(bias, 0.0, 0.005);  // ~0.0004 standard error over 2^19 values
   // each value is ~lr = 0.26 (below 1) or 0.13 (above) of a spacing from its nearest bf16: about a
   // fifth of them round away from it, as they would not with round-to-nearest
   EXPECT_GT((got != nearest).to(at::kFloat).mean().item<double>(), 0.1);
@@ -466,7 +466,7 @@ struct RecordingSource {
   std::vector<std::string> param_names;
   std::vector<std::string> calls;
   std::vector<std::pair<std::string, c10::weak_intrusive_ptr<c10::StorageImpl>>> handed_out;  // parameter, data
-  int64_t alive_from_other_parameters = 0;  // seen at load calls
+  int64_t alive_from_other_parameters = 0;                                                    // seen at load calls
 
   RecordingSource(TensorDict d, std::vector<std::string> names) : dict(std::move(d)), param_names(std::move(names)) {}
 
@@ -542,7 +542,8 @@ TEST(OptimizerState, LoadStateRefusesDamagedValues) {
   at::Tensor scales = saved.at("a.weight.exp_avg.absmax").clone();
   scales[0] = std::numeric_limits<float>::quiet_NaN();
   refused("a.weight.exp_avg.absmax", scales, "holds a value that is not finite");
-  refused("a.weight.exp_avg_sq.absmax", -saved.at("a.weight.exp_avg_sq.absmax") - 1.0, "holds a negative value; block scales cannot be negative");
+  refused("a.weight.exp_avg_sq.absmax", -saved.at("a.weight.exp_avg_sq.absmax") - 1.0,
+          "holds a negative value; block scales cannot be negative");
   refused("a.weight.exp_avg.absmax", saved.at("a.weight.exp_avg.absmax").to(at::kDouble), "is Double; block scales must be F32");
 
   // The undamaged state loads (a bf16 moment is a moment too: precisions convert on load).
@@ -648,7 +649,7 @@ TEST(OptimizerState, MappedStateIsReservedWhenMadeAndAFullFolderIsNamed) {
   const std::string dir = ::testing::TempDir();
   const StateOptions o = StateOptions().precision(StatePrecision::fp32).placement(StatePlacement::mmap).mmap_dir(dir);
   EXPECT_NO_THROW(StateBuffer(param, true, o));
-  rlimit old {};
+  rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   auto* previous = ::signal(SIGXFSZ, SIG_IGN);
   rlimit small = old;

@@ -141,7 +141,9 @@ TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
     const int64_t scales = (2 * d * d / 256) * 4 * 2 * 2;  // both weights' block scales, both moments
     EXPECT_EQ(at_peak[static_cast<int>(memory::Category::temporary)], window);
     EXPECT_EQ(at_peak[static_cast<int>(memory::Category::optimizer_state)], scales);
-    EXPECT_EQ(update_temporary_bytes(2 * d * d, at::kFloat, at::kCPU, options(StatePrecision::int8, StatePlacement::file, Mode::standard, window)), window);
+    EXPECT_EQ(update_temporary_bytes(2 * d * d, at::kFloat, at::kCPU,
+                                     options(StatePrecision::int8, StatePlacement::file, Mode::standard, window)),
+              window);
     EXPECT_EQ(tracker->live_by_category()[static_cast<int>(memory::Category::optimizer_state)], scales);
   }
 

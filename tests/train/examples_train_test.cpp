@@ -56,12 +56,12 @@ std::string examples_file(int n, const std::string& format) {
   return path;
 }
 
-train::Recipe recipe(const std::string& run, int n, std::vector<std::string> overrides = {}, const std::string& format = "prompt_completion") {
-  overrides.insert(overrides.begin(),
-                   {"data.tokenizer=" + tokenizer(), "data.format=" + format, "data.corpus=" + examples_file(n, format), "data.tokens=",
-                    "train.out_dir=" + base_dir() + "/" + run, "model.vocab_size=512", "model.max_seq_len=128", "train.seq_len=128",
-                    "train.sample_prompt=", "train.sample_tokens=0", "train.log_interval=100", "train.eval_batches=2", "train.batch_size=4",
-                    "schedule.warmup_steps=1"});
+train::Recipe recipe(const std::string& run, int n, std::vector<std::string> overrides = {},
+                     const std::string& format = "prompt_completion") {
+  overrides.insert(overrides.begin(), {"data.tokenizer=" + tokenizer(), "data.format=" + format, "data.corpus=" + examples_file(n, format),
+                                       "data.tokens=", "train.out_dir=" + base_dir() + "/" + run, "model.vocab_size=512",
+                                       "model.max_seq_len=128", "train.seq_len=128", "train.sample_prompt=", "train.sample_tokens=0",
+                                       "train.log_interval=100", "train.eval_batches=2", "train.batch_size=4", "schedule.warmup_steps=1"});
   return train::load_recipe(std::string(FRUGAL_SOURCE_DIR) + "/recipes/tiny.yaml", overrides);
 }
 
@@ -70,8 +70,9 @@ train::Recipe recipe(const std::string& run, int n, std::vector<std::string> ove
 TEST(ExamplesTraining, EpochsSetTheStepsAndTheLossOnAnswersFalls) {
   // 40 examples, the last 5% (2) held out: 38 one a row in steps of 4 rows are 10 steps an epoch.
   // Alpaca's prompt is long in a 512-piece vocabulary: rows of 256 hold every example whole.
-  const auto r = train::run_training(recipe("epochs", 40, {"train.epochs=6", "train.eval_interval=0", "model.max_seq_len=256", "train.seq_len=256"}, "alpaca"),
-                                     train::TrainOptions().sample(false), quiet);
+  const auto r = train::run_training(
+      recipe("epochs", 40, {"train.epochs=6", "train.eval_interval=0", "model.max_seq_len=256", "train.seq_len=256"}, "alpaca"),
+      train::TrainOptions().sample(false), quiet);
   EXPECT_EQ(r.examples.train_examples, 38);
   EXPECT_EQ(r.examples.val_examples, 2);
   EXPECT_EQ(r.examples.steps_per_epoch, 10);
@@ -116,7 +117,8 @@ TEST(ExamplesTraining, StoppedMidEpochAndResumedSeesTheSameBatches) {
     SCOPED_TRACE(std::string("packing=") + packing);
     const std::vector<std::string> o = {std::string("data.packing=") + packing, "train.epochs=3", "train.checkpoint_interval=0",
                                         "train.eval_interval=0", "optimizer.state_precision=int8"};
-    const auto straight = train::run_training(recipe(std::string("straight-") + packing, 30, o), train::TrainOptions().sample(false), quiet);
+    const auto straight =
+        train::run_training(recipe(std::string("straight-") + packing, 30, o), train::TrainOptions().sample(false), quiet);
     const auto again = recipe(std::string("resumed-") + packing, 30, o);
     const int64_t per_epoch = straight.examples.steps_per_epoch;
     ASSERT_GE(per_epoch, 2);
@@ -137,9 +139,10 @@ TEST(ExamplesTraining, AStepOfEveryExampleHasTheSameLossPackedOrOneARow) {
   // 13 examples, 1 held out: 12 training examples in one step of 12 rows, one a row or packed into
   // fewer rows (the step's other rows all padding); the loss is the mean over the same answer tokens
   // either way, and so is the update.
-  const std::vector<std::string> o = {"train.batch_size=12", "train.steps=2", "train.checkpoint_interval=0", "train.eval_interval=0",
-                                      "optimizer.in_backward=false", "memory.checkpointing=full", "memory.chunked_loss=true",
-                                      "memory.loss_chunk=64"};
+  const std::vector<std::string> o = {"train.batch_size=12",         "train.steps=2",
+                                      "train.checkpoint_interval=0", "train.eval_interval=0",
+                                      "optimizer.in_backward=false", "memory.checkpointing=full",
+                                      "memory.chunked_loss=true",    "memory.loss_chunk=64"};
   auto run = [&](const std::string& name, const char* packing, const char* attention) {
     std::vector<std::string> with = o;
     with.push_back(std::string("data.packing=") + packing);

@@ -81,7 +81,8 @@ TEST(Recipe, ErrorsNameTheKeyAndWhatIsAllowed) {
   expect_error(kYaml, {"train.steps=many"}, "train.steps must be an integer from 1 to 1099511627776, got 'many'");
   // Strictly: the whole value one decimal number, finite, in the key's range (io/numbers.h).
   for (const char* v : {"0x10", "+5", " 5", "5 ", "5.0", "1e3"}) {
-    expect_error(kYaml, {std::string("train.steps=") + v}, "train.steps must be an integer from 1 to 1099511627776, got '" + std::string(v) + "'");
+    expect_error(kYaml, {std::string("train.steps=") + v},
+                 "train.steps must be an integer from 1 to 1099511627776, got '" + std::string(v) + "'");
   }
   for (const char* v : {"inf", "nan", "1e300", "0x1p-3", "-0.1"}) {
     expect_error(kYaml, {std::string("optimizer.lr=") + v}, "optimizer.lr must be a number from 0 to 100, got '" + std::string(v) + "'");
@@ -197,7 +198,8 @@ TEST(Recipe, RefusesValuesThatOnlyFailLater) {
   expect_error(kYaml, {"data.val_fraction=-0.1"}, "data.val_fraction must be a number from 0 to 1, got '-0.1'");
   expect_error(kYaml, {"data.val_fraction=1.5"}, "data.val_fraction must be a number from 0 to 1, got '1.5'");
   for (const char* v : {"0", "1"}) {
-    expect_error(kYaml, {std::string("data.val_fraction=") + v}, "data.val_fraction=" + std::string(v) + " (from the command line): it must be above 0 and below 1");
+    expect_error(kYaml, {std::string("data.val_fraction=") + v},
+                 "data.val_fraction=" + std::string(v) + " (from the command line): it must be above 0 and below 1");
   }
   expect_error(kYaml, {"train.out_dir="}, "train.out_dir must be set");
 }

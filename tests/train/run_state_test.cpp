@@ -34,17 +34,14 @@ struct Regression {
   std::vector<at::Tensor> params;
   explicit Regression(uint64_t seed) {
     torch::manual_seed(seed);
-    params = {(at::randn({64, 96}) * 0.1).requires_grad_(), (at::randn({96, 64}) * 0.1).requires_grad_(),
-              at::zeros({64}).requires_grad_()};
+    params = {(at::randn({64, 96}) * 0.1).requires_grad_(), (at::randn({96, 64}) * 0.1).requires_grad_(), at::zeros({64}).requires_grad_()};
   }
   Regression(const Regression& other) : names(other.names) {
     for (const auto& p : other.params) params.push_back(p.detach().clone().requires_grad_());
   }
   std::vector<ParamGroup> groups() const { return {ParamGroup{names, params, std::nullopt, std::nullopt}}; }
   // x: (B, 64) -> tanh(x w1): (B, 96) -> (B, 64)
-  at::Tensor loss(const at::Tensor& x) const {
-    return (at::tanh(x.mm(params[0])).mm(params[1]) + params[2] - x.flip(1)).pow(2).mean();
-  }
+  at::Tensor loss(const at::Tensor& x) const { return (at::tanh(x.mm(params[0])).mm(params[1]) + params[2] - x.flip(1)).pow(2).mean(); }
   void train(Optimizer& opt, int64_t first, int64_t steps) const {
     for (int64_t i = first; i < first + steps; ++i) {
       torch::manual_seed(100 + static_cast<uint64_t>(i));
@@ -152,11 +149,12 @@ TEST(RunState, RestoringOptimizerStatePeaksAtTheStatePlusOneParametersEntries) {
   }
   EXPECT_GE(static_cast<double>(whole_tracker->peak_bytes()), 1.9 * static_cast<double>(state));
   expect_same_state(streamed.state_dict(), whole.state_dict());
-  std::printf("[ peak ] state %lld bytes, largest parameter's entries %lld: restored one parameter at a time %.3fx "
-              "the state, from the whole file read first %.3fx\n",
-              static_cast<long long>(state), static_cast<long long>(largest_entries),
-              static_cast<double>(tracker->peak_bytes()) / static_cast<double>(state),
-              static_cast<double>(whole_tracker->peak_bytes()) / static_cast<double>(state));
+  std::printf(
+      "[ peak ] state %lld bytes, largest parameter's entries %lld: restored one parameter at a time %.3fx "
+      "the state, from the whole file read first %.3fx\n",
+      static_cast<long long>(state), static_cast<long long>(largest_entries),
+      static_cast<double>(tracker->peak_bytes()) / static_cast<double>(state),
+      static_cast<double>(whole_tracker->peak_bytes()) / static_cast<double>(state));
   ::unlink(path.c_str());
 }
 
@@ -227,7 +225,8 @@ TEST(RunState, RngStateOfTheWrongSizeIsRefusedInOurWords) {
       train::rng_state_from_hex(bad);
       ADD_FAILURE() << "accepted " << bad.size() << " digits";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("the RNG state has " + std::to_string(bad.size()) + " hex digits"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the RNG state has " + std::to_string(bad.size()) + " hex digits"), std::string::npos)
+          << e.what();
     }
   }
   EXPECT_NO_THROW(train::rng_state_from_hex(rng));

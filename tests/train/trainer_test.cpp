@@ -29,9 +29,9 @@ models::GenerationOptions greedy(int64_t n) { return models::GenerationOptions()
 train::Recipe tiny(const std::string& run, std::vector<std::string> overrides = {}) {
   const std::string base = ::testing::TempDir() + "/frugal_train";
   ::mkdir(base.c_str(), 0755);
-  overrides.insert(overrides.begin(), {"data.tokenizer=" + base + "/tok.model", "data.tokens=" + base + "/f.tokens",
-                                       "train.out_dir=" + base + "/" + run, "model.vocab_size=512", "train.sample_tokens=8",
-                                       "train.log_interval=100"});
+  overrides.insert(overrides.begin(),
+                   {"data.tokenizer=" + base + "/tok.model", "data.tokens=" + base + "/f.tokens", "train.out_dir=" + base + "/" + run,
+                    "model.vocab_size=512", "train.sample_tokens=8", "train.log_interval=100"});
   return train::load_recipe(std::string(FRUGAL_SOURCE_DIR) + "/recipes/tiny.yaml", overrides);
 }
 
@@ -142,8 +142,8 @@ void expect_estimate_matches(const train::Recipe& recipe, const std::string& lab
   const auto r = train::run_training(recipe, train::TrainOptions().sample(false).keep_events(true), quiet);
   std::string breakdown;
   for (auto c : memory::kAllCategories) {
-    breakdown += std::string(" ") + memory::category_name(c) + " " + std::to_string(r.estimate.by_category[static_cast<int>(c)]) +
-                 "/" + std::to_string(r.peak.breakdown[static_cast<int>(c)]);
+    breakdown += std::string(" ") + memory::category_name(c) + " " + std::to_string(r.estimate.by_category[static_cast<int>(c)]) + "/" +
+                 std::to_string(r.peak.breakdown[static_cast<int>(c)]);
   }
   const double ratio = static_cast<double>(r.estimate.peak_bytes) / static_cast<double>(r.peak.peak_bytes);
   EXPECT_NEAR(ratio, 1.0, 0.10) << "estimated " << r.estimate.peak_bytes << " measured " << r.peak.peak_bytes
@@ -154,8 +154,8 @@ void expect_estimate_matches(const train::Recipe& recipe, const std::string& lab
     const int i = static_cast<int>(c);
     const double est = static_cast<double>(r.estimate.by_category[i]), meas = static_cast<double>(r.peak.breakdown[i]);
     if (std::max(est, meas) < 0.05 * static_cast<double>(r.peak.peak_bytes)) continue;
-    EXPECT_NEAR(est / std::max(meas, 1.0), 1.0, 0.15) << memory::category_name(c) << ": estimated " << est << " measured "
-                                                      << meas << ";" << breakdown;
+    EXPECT_NEAR(est / std::max(meas, 1.0), 1.0, 0.15)
+        << memory::category_name(c) << ": estimated " << est << " measured " << meas << ";" << breakdown;
   }
   EXPECT_GE(r.estimate_plain.peak_bytes, r.estimate.peak_bytes);
   // The same run with counters only reports the same peak, category by category.
@@ -236,10 +236,15 @@ TEST(Trainer, EstimateNamesTheRunsMomentForEveryLossChunk) {
   for (const char* chunk : {"16", "32", "64", "128", "256"}) {
     for (const char* mode : {"true", "false"}) {
       for (const char* tied : {"true", "false"}) {
-        std::vector<std::string> o = {"data.tokenizer=" + base + "/tok4096.model", "data.tokens=" + base + "/f4096-tiny.tokens",
-                                      "model.vocab_size=0", "memory.checkpointing=full", "memory.chunked_loss=true",
-                                      std::string("memory.loss_chunk=") + chunk, std::string("optimizer.in_backward=") + mode,
-                                      std::string("model.tie_embeddings=") + tied, "optimizer.state_precision=int8"};
+        std::vector<std::string> o = {"data.tokenizer=" + base + "/tok4096.model",
+                                      "data.tokens=" + base + "/f4096-tiny.tokens",
+                                      "model.vocab_size=0",
+                                      "memory.checkpointing=full",
+                                      "memory.chunked_loss=true",
+                                      std::string("memory.loss_chunk=") + chunk,
+                                      std::string("optimizer.in_backward=") + mode,
+                                      std::string("model.tie_embeddings=") + tied,
+                                      "optimizer.state_precision=int8"};
         std::string label;
         for (const auto& s : o) label += s.rfind("data.", 0) == 0 ? "" : s + " ";
         expect_estimate_matches(tiny("estimate-chunks", short_run(o)), label);
@@ -276,8 +281,9 @@ TEST(Trainer, AutocastEstimateMatchesTheMeasuredPeakByCategory) {
     // recipe's bf16 estimate matches category by category on both versions).
     const bool checkpointed = label.find("checkpointing=full") != std::string::npos || label.find("every_2") != std::string::npos;
     const bool gpt2 = label.find("gpt2") != std::string::npos;
-    const bool known_gap = checkpointed && (gpt2 || (TORCH_VERSION_MAJOR >= 2 && (label.find("every_2") != std::string::npos ||
-                                                                                  label.find("sdpa") != std::string::npos)));
+    const bool known_gap =
+        checkpointed &&
+        (gpt2 || (TORCH_VERSION_MAJOR >= 2 && (label.find("every_2") != std::string::npos || label.find("sdpa") != std::string::npos)));
     o.push_back("model.compute_dtype=bf16");
     expect_estimate_matches(tiny("estimate-autocast", short_run(o)), label, /*by_category=*/!known_gap);
   }
@@ -291,10 +297,10 @@ TEST(Trainer, SdpaEstimateMatchesTheMeasuredPeakByCategory) {
   const std::vector<std::vector<std::string>> configs = {
       {"model.attention=sdpa"},
       {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4"},
-      {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4",
-       "memory.checkpointing=every_2", "optimizer.in_backward=true", "memory.chunked_loss=true"},
-      {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4",
-       "memory.checkpointing=full", "optimizer.in_backward=true", "memory.chunked_loss=true"},
+      {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4", "memory.checkpointing=every_2",
+       "optimizer.in_backward=true", "memory.chunked_loss=true"},
+      {"model.attention=sdpa", "model.max_seq_len=256", "train.seq_len=256", "train.batch_size=4", "memory.checkpointing=full",
+       "optimizer.in_backward=true", "memory.chunked_loss=true"},
       {"model.attention=sdpa", "memory.checkpointing=selective", "model.dtype=bf16"},
       {"model.attention=sdpa", "model.arch=gpt2", "model.ffn_dim=256", "model.n_kv_heads=4", "model.tie_embeddings=false"},
   };
@@ -351,26 +357,30 @@ TEST(Trainer, CheckpointsHoldAWorkingModelAndTokenizer) {
     EXPECT_EQ(few.stop, models::GenerationStop::token_limit);
     EXPECT_EQ(few.tokens.size(), 5u);
   }
-  const models::Generation many = models::generate(*model, tok, "Hello", models::GenerationOptions().max_new_tokens(1000).temperature(1.0).seed(3));
+  const models::Generation many =
+      models::generate(*model, tok, "Hello", models::GenerationOptions().max_new_tokens(1000).temperature(1.0).seed(3));
   if (many.stop == models::GenerationStop::context_full) {
     EXPECT_EQ(many.tokens.size() + n_prompt, static_cast<size_t>(model->config().max_seq_len));
   } else {
     EXPECT_EQ(many.stop, models::GenerationStop::end_of_sequence);
     EXPECT_LT(many.tokens.size() + n_prompt, static_cast<size_t>(model->config().max_seq_len));
   }
-  const models::Generation full = models::generate(*model, tok, [] {
-    std::string s;
-    for (int i = 0; i < 40; ++i) s += "the cat sat on the mat ";
-    return s;
-  }(), greedy(5));
+  const models::Generation full = models::generate(
+      *model, tok,
+      [] {
+        std::string s;
+        for (int i = 0; i < 40; ++i) s += "the cat sat on the mat ";
+        return s;
+      }(),
+      greedy(5));
   EXPECT_EQ(full.stop, models::GenerationStop::context_full);
   EXPECT_TRUE(full.tokens.empty());
   EXPECT_THROW(train::run_training(tiny("bad", {"model.vocab_size=999"}), train::TrainOptions(), quiet), train::RecipeError);
 }
 
 TEST(Trainer, ReportsEveryStepThroughTheCallbackAndPrintsNothing) {
-  const auto recipe = tiny("progress", {"train.steps=6", "train.log_interval=4", "schedule.warmup_steps=1",
-                                        "train.checkpoint_interval=0", "train.eval_interval=0"});
+  const auto recipe = tiny("progress", {"train.steps=6", "train.log_interval=4", "schedule.warmup_steps=1", "train.checkpoint_interval=0",
+                                        "train.eval_interval=0"});
   std::vector<train::StepProgress> seen;
   ::testing::internal::CaptureStderr();
   ::testing::internal::CaptureStdout();
@@ -392,8 +402,7 @@ TEST(Trainer, ReportsEveryStepThroughTheCallbackAndPrintsNothing) {
 
 TEST(Trainer, MetricsFileIsClosedWhenTheRunStopsOnAMemoryLimit) {
   const auto recipe = tiny("limit", {"train.steps=4", "schedule.warmup_steps=1"});
-  EXPECT_THROW(train::run_training(recipe, train::TrainOptions().sample(false).memory_limit(1 << 20), quiet),
-               train::MemoryLimitExceeded);
+  EXPECT_THROW(train::run_training(recipe, train::TrainOptions().sample(false).memory_limit(1 << 20), quiet), train::MemoryLimitExceeded);
   const std::string metrics = recipe.out_dir + "/metrics.jsonl";
   struct stat st {};
   ASSERT_EQ(::stat(metrics.c_str(), &st), 0);
@@ -408,9 +417,9 @@ namespace {
 train::Recipe seven_b_width(const std::string& run, std::vector<std::string> o = {}) {
   const std::string base = ::testing::TempDir() + "/frugal_train";
   ::mkdir(base.c_str(), 0755);
-  o.insert(o.begin(), {"data.tokenizer=" + base + "/tok32000.model", "data.tokens=" + base + "/f32000.tokens",
-                       "train.out_dir=" + base + "/" + run, "model.n_layers=2", "train.seq_len=32", "train.steps=3",
-                       "train.checkpoint_interval=0", "train.log_interval=100"});
+  o.insert(o.begin(),
+           {"data.tokenizer=" + base + "/tok32000.model", "data.tokens=" + base + "/f32000.tokens", "train.out_dir=" + base + "/" + run,
+            "model.n_layers=2", "train.seq_len=32", "train.steps=3", "train.checkpoint_interval=0", "train.log_interval=100"});
   // Without bf16 matrix instructions (an AVX2-only CPU) LibTorch emulates bf16 products so slowly
   // (1.13) that even 8 tokens a step took 14 minutes: there the parameters are fp32 (the same
   // estimate formulas, resume and build checks; the bf16 path runs where the CPU has bf16).
@@ -530,8 +539,20 @@ TEST(Trainer, PlainLoopWithoutScopesGivesTheTrainersBreakdown) {
     }
     EXPECT_EQ(tracker->current_step(), recipe.steps);  // the optimizer marked a step after each update
     const memory::MemoryReport plain = tracker->report();
-    std::printf("[ plain    ] %s\n[ trainer  ] %s\n", [&] { std::ostringstream s; s << plain; return s.str(); }().c_str(),
-                [&] { std::ostringstream s; s << trainer; return s.str(); }().c_str());
+    std::printf(
+        "[ plain    ] %s\n[ trainer  ] %s\n",
+        [&] {
+          std::ostringstream s;
+          s << plain;
+          return s.str();
+        }()
+            .c_str(),
+        [&] {
+          std::ostringstream s;
+          s << trainer;
+          return s.str();
+        }()
+            .c_str());
     EXPECT_GE(plain.first_step, 1);
     EXPECT_EQ(plain.parameter, trainer.parameter);
     EXPECT_EQ(plain.gradient, trainer.gradient);

@@ -16,7 +16,6 @@
 namespace frugal {
 namespace bench {
 
-
 // fp32 (n x n) @ (n x n) on CPU, repeated for at least min_seconds after one warm-up.
 double measure_matmul_gflops(int64_t n = 256, double min_seconds = 0.05);
 
@@ -30,7 +29,6 @@ double measure_bf16_matmul_gflops(int64_t n = 1024, double min_seconds = 0.5);
 // The matmul speed a training run computing in `compute` gets: bf16 (with the thread pools such a
 // run uses, checkpoint::ComputeThreadsGuard) or fp32.
 double measure_compute_matmul_gflops(at::ScalarType compute, int64_t n = 1024, double min_seconds = 0.5);
-
 
 }  // namespace bench
 }  // namespace frugal

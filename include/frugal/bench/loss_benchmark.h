@@ -23,14 +23,14 @@ struct ChunkedLossConfig {
   int64_t hidden = 512;
   int64_t vocab = 32000;
   int64_t chunk = 1024;
-  int timing_runs = 3;   // 0: no timing
+  int timing_runs = 3;  // 0: no timing
   uint64_t seed = 0;
   c10::Device device = c10::Device(c10::kCPU);
 };
 
 // Peak bytes, median times, losses and gradient gap of the plain and the chunked loss.
 struct ChunkedLossResult {
-  int64_t peak_bytes_plain = 0;    // above what was live before the step
+  int64_t peak_bytes_plain = 0;  // above what was live before the step
   int64_t peak_bytes_chunked = 0;
   double time_s_plain = 0, time_s_chunked = 0;
   // the largest gap of either loss's gradients (hidden states, weight) from Linear + cross_entropy's,

@@ -69,18 +69,18 @@ struct BytesCheck {
 // One checkpointing variant: bytes kept for backward, time, and gradient gap from the plain run.
 struct VariantResult {
   std::string name;
-  int64_t saved_bytes = 0;          // live between end of forward and start of backward
-  std::optional<double> time_s;     // median forward+backward
-  double max_grad_diff = 0;         // against the "none" variant, over every parameter
+  int64_t saved_bytes = 0;       // live between end of forward and start of backward
+  std::optional<double> time_s;  // median forward+backward
+  double max_grad_diff = 0;      // against the "none" variant, over every parameter
 };
 
 // One attention kernel, no checkpointing. For explicit these are the "none" variant's figures.
 struct AttentionResult {
   models::AttentionKernel kernel = models::AttentionKernel::explicit_softmax;
-  int64_t saved_bytes = 0;            // live between end of forward and start of backward
-  int64_t predicted_saved_bytes = 0;  // models::predicted_saved_bytes with this kernel
-  std::optional<double> time_s;       // median forward+backward
-  double max_grad_diff = 0;           // against the explicit kernel, over every parameter
+  int64_t saved_bytes = 0;                 // live between end of forward and start of backward
+  int64_t predicted_saved_bytes = 0;       // models::predicted_saved_bytes with this kernel
+  std::optional<double> time_s;            // median forward+backward
+  double max_grad_diff = 0;                // against the explicit kernel, over every parameter
   double measured_over_predicted() const;  // saved_bytes / predicted_saved_bytes (0 when nothing was predicted)
 };
 
@@ -104,22 +104,21 @@ struct AccountResult {
   BytesCheck param_bytes, grad_bytes, adamw_state_bytes;
   std::vector<VariantResult> variants;  // in config.variants order; the first is the reference
   int64_t predicted_saved_bytes_none = 0;
-  int64_t activation_peak_none = 0;       // measured activation peak of the plain run
-  int64_t planner_predicted_none = 0;     // the planner's prediction of it
-  std::vector<BudgetResult> budgets;      // in budget_bytes then budget_fractions order
+  int64_t activation_peak_none = 0;         // measured activation peak of the plain run
+  int64_t planner_predicted_none = 0;       // the planner's prediction of it
+  std::vector<BudgetResult> budgets;        // in budget_bytes then budget_fractions order
   std::vector<AttentionResult> attentions;  // in config.attentions order
   std::optional<OptimInBackwardResult> optimizer_modes;
   std::shared_ptr<memory::Tracker> tracker;  // the measured steps' allocation timeline
 
   const VariantResult* find(const std::string& name) const;  // the variant called `name`, or nullptr
-  double max_grad_diff() const;  // the largest max_grad_diff over the variants
-  double measured_over_predicted() const;  // needs a "none" variant
+  double max_grad_diff() const;                              // the largest max_grad_diff over the variants
+  double measured_over_predicted() const;                    // needs a "none" variant
 };
 
 // An infeasible budget stops the measurement early: the result then holds only `budgets` (with
 // feasible = false and min_achievable_bytes) and the byte checks. Progress lines ("measuring full") go to `progress` when given.
-AccountResult run_memory_account(const AccountConfig& config,
-                                 const std::function<void(const std::string&)>& progress = {});
+AccountResult run_memory_account(const AccountConfig& config, const std::function<void(const std::string&)>& progress = {});
 
 void write_account_json(const AccountResult& result, std::ostream& out);
 // One budget's plan, prediction and measurement as a JSON object.

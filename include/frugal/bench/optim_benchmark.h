@@ -35,10 +35,10 @@ struct OptimInBackwardConfig {
 struct OptimInBackwardResult {
   int64_t param_bytes = 0;
   int64_t state_bytes = 0;
-  int64_t grad_bytes = 0;            // all parameter gradients
-  int64_t largest_grad_bytes = 0;    // the most one backward node hands over (a module's, or a region's)
-  int64_t activation_bytes = 0;      // kept between forward and backward
-  int64_t peak_bytes_standard = 0;   // peak of a steady step (after the first)
+  int64_t grad_bytes = 0;           // all parameter gradients
+  int64_t largest_grad_bytes = 0;   // the most one backward node hands over (a module's, or a region's)
+  int64_t activation_bytes = 0;     // kept between forward and backward
+  int64_t peak_bytes_standard = 0;  // peak of a steady step (after the first)
   int64_t peak_bytes_in_backward = 0;
   int64_t max_live_grad_bytes_standard = 0;
   int64_t max_live_grad_bytes_in_backward = 0;

@@ -12,9 +12,9 @@
 //
 // Safe by default: the random-number generators are restored for the recompute (dropout masks
 // match), the forward's autocast state is re-entered for it (autocast.h: bf16 products stay bf16
-// when backward() runs outside the autocast scope), buffers the region updates in forward (BatchNorm's running statistics) end the step with
-// exactly the plain run's values, and the recompute's outputs are checked against the forward's
-// (shape, dtype, device; values too with .strict(true)).
+// when backward() runs outside the autocast scope), buffers the region updates in forward (BatchNorm's running statistics) end the step
+// with exactly the plain run's values, and the recompute's outputs are checked against the forward's (shape, dtype, device; values too with
+// .strict(true)).
 //
 // The region is called twice per training step: once in forward, once in backward. Non-tensor
 // arguments are captured by the callable. Use options to keep matrix-product outputs instead of
@@ -60,8 +60,7 @@ using UnaryFn = std::function<at::Tensor(const at::Tensor&)>;
 
 // Runs fn(inputs) as a checkpointed region. `params` are the tensors fn reads besides its inputs
 // (usually a module's parameters()); their gradients come out of the region.
-std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& inputs,
-                                   const std::vector<at::Tensor>& params,
+std::vector<at::Tensor> checkpoint(RegionFn fn, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params,
                                    const CheckpointOptions& options = {});
 
 // While one is alive (process-wide), checkpointed regions keep what they need for another
@@ -77,8 +76,7 @@ class KeepForAnotherBackward {
 };
 
 // One tensor in, one tensor out.
-at::Tensor checkpoint(UnaryFn fn, const at::Tensor& input, const std::vector<at::Tensor>& params,
-                      const CheckpointOptions& options = {});
+at::Tensor checkpoint(UnaryFn fn, const at::Tensor& input, const std::vector<at::Tensor>& params, const CheckpointOptions& options = {});
 
 // A module with forward(Tensor) -> Tensor (a ModuleHolder such as torch::nn::Linear, or a
 // std::shared_ptr to a module). The module is held until backward has run.
@@ -86,8 +84,7 @@ template <typename ModulePtr>
 at::Tensor checkpoint(ModulePtr module, const at::Tensor& input, CheckpointOptions options = {}) {
   std::vector<at::Tensor> params = module->parameters();
   if (options.buffers().empty()) options.buffers(module->buffers());
-  return checkpoint(UnaryFn([module](const at::Tensor& x) mutable { return module->forward(x); }), input,
-                    params, options);
+  return checkpoint(UnaryFn([module](const at::Tensor& x) mutable { return module->forward(x); }), input, params, options);
 }
 
 }  // namespace checkpoint

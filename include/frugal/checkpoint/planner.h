@@ -69,12 +69,10 @@ ActivationPlan no_checkpoint_plan(const std::vector<BlockCost>& costs);
 
 // Runs the chain once plainly under its own allocation tracker to measure what each block keeps,
 // then times each block's forward and its tail product (medians of timing_runs).
-std::vector<BlockCost> measure_chain(const std::vector<ChainBlock>& chain, const at::Tensor& x,
-                                     int timing_runs = 3);
+std::vector<BlockCost> measure_chain(const std::vector<ChainBlock>& chain, const at::Tensor& x, int timing_runs = 3);
 
 // Applies the chain with the plan's segments checkpointed (options: name and buffers are filled in).
-at::Tensor run_plan(const std::vector<ChainBlock>& chain, at::Tensor x, const ActivationPlan& plan,
-                    const CheckpointOptions& options = {});
+at::Tensor run_plan(const std::vector<ChainBlock>& chain, at::Tensor x, const ActivationPlan& plan, const CheckpointOptions& options = {});
 
 }  // namespace checkpoint
 }  // namespace frugal

@@ -39,9 +39,9 @@ struct CheckpointPolicy {
   // What parse() accepts, for messages: "none, full, every_K (K from 1 to 2147483647), selective".
   static const char* allowed_names();
 
-  std::string name() const;  // the text parse() accepts
+  std::string name() const;                     // the text parse() accepts
   bool checkpoints(int64_t block_index) const;  // whether block `block_index` (from 0) runs checkpointed
-  CheckpointOptions options() const;  // for one block; run_chain adds the name and buffers
+  CheckpointOptions options() const;            // for one block; run_chain adds the name and buffers
 };
 
 // One block of a chain: its forward and the tensors it reads and updates.
@@ -60,8 +60,7 @@ std::vector<ChainBlock> make_chain(const std::vector<ModulePtr>& blocks) {
   std::vector<ChainBlock> chain;
   chain.reserve(blocks.size());
   for (const ModulePtr& b : blocks) {
-    chain.push_back({[b = ModulePtr(b)](const at::Tensor& x) mutable { return b->forward(x); }, b->parameters(),
-                     b->buffers()});
+    chain.push_back({[b = ModulePtr(b)](const at::Tensor& x) mutable { return b->forward(x); }, b->parameters(), b->buffers()});
   }
   return chain;
 }

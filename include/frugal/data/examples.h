@@ -37,8 +37,8 @@ namespace data {
 enum class ExampleFormat { alpaca, prompt_completion, messages };
 enum class ChatTemplate { plain, alpaca, llama2, llama3, chatml };
 constexpr std::array<ExampleFormat, 3> kExampleFormats = {ExampleFormat::alpaca, ExampleFormat::prompt_completion, ExampleFormat::messages};
-constexpr std::array<ChatTemplate, 5> kChatTemplates = {ChatTemplate::plain, ChatTemplate::alpaca, ChatTemplate::llama2, ChatTemplate::llama3,
-                                                        ChatTemplate::chatml};
+constexpr std::array<ChatTemplate, 5> kChatTemplates = {ChatTemplate::plain, ChatTemplate::alpaca, ChatTemplate::llama2,
+                                                        ChatTemplate::llama3, ChatTemplate::chatml};
 
 // "alpaca", "prompt_completion", "messages"; parse_example_format is the inverse (nullopt for any other text).
 const char* example_format_name(ExampleFormat f);
@@ -49,8 +49,8 @@ std::optional<ChatTemplate> parse_chat_template(const std::string& s);
 
 // The JSON keys each format reads (datasets name them differently: "question"/"answer", "conversations"...).
 struct ExampleFields {
-  std::string instruction = "instruction", input = "input", output = "output", prompt = "prompt",
-              completion = "completion", messages = "messages", role = "role", content = "content";
+  std::string instruction = "instruction", input = "input", output = "output", prompt = "prompt", completion = "completion",
+              messages = "messages", role = "role", content = "content";
 };
 
 // How tokenize_examples reads and renders a dataset: format, template, keys, and what has loss.
@@ -60,8 +60,8 @@ struct ExampleOptions {
   // chat_template of tokenizer_config.json in the tokenizer's folder (folder_chat_template).
   std::optional<ChatTemplate> chat_template;
   ExampleFields fields;
-  bool train_on_prompt = false;  // false: only answer tokens have loss
-  bool skip_bad = false;         // false: the first bad example throws; true: it is counted and skipped
+  bool train_on_prompt = false;                // false: only answer tokens have loss
+  bool skip_bad = false;                       // false: the first bad example throws; true: it is counted and skipped
   int64_t max_line_bytes = int64_t(64) << 20;  // a longer line (or array item) is a bad example, never held whole
 };
 
@@ -132,7 +132,7 @@ class ExampleEncoder {
   Tokenizer tok_;  // a copy (it shares the loaded model)
   ExampleOptions opt_;
   ChatTemplate template_;
-  std::string bos_, eos_;  // the tokenizer's BOS/EOS spellings ("" when absent)
+  std::string bos_, eos_;                                  // the tokenizer's BOS/EOS spellings ("" when absent)
   std::vector<std::pair<std::string, int32_t>> specials_;  // SentencePiece: spellings split out of the text
   std::vector<std::pair<std::string, int32_t>> anchors_;   // the template's special tokens (see encode())
 };
@@ -186,9 +186,9 @@ class ExampleFile {
   int64_t label_tokens() const { return labels_total_; }
   // The examples_fingerprint the file was written with.
   const std::string& fingerprint() const { return fingerprint_; }
-  int64_t length(int64_t i) const;           // tokens of example i
-  const int32_t* tokens(int64_t i) const;    // length(i) ids, valid while this object lives
-  const uint8_t* loss(int64_t i) const;      // length(i) flags: 1 = an answer token (predicting it counts)
+  int64_t length(int64_t i) const;         // tokens of example i
+  const int32_t* tokens(int64_t i) const;  // length(i) ids, valid while this object lives
+  const uint8_t* loss(int64_t i) const;    // length(i) flags: 1 = an answer token (predicting it counts)
 
  private:
   void* map_ = nullptr;
@@ -217,9 +217,9 @@ struct ExampleBatch {
 // (splitmix64 and Fisher-Yates, the same on every LibTorch). Packing: examples (in a shuffle seeded
 // by seed, for ties) packed best-fit decreasing into rows of seq_len positions (an example is never
 // split; each goes, longest first, into the row it fills most tightly, or a new one) once, so every
-// epoch has the same rows; each epoch shuffles the rows (seeded by (seed, epoch)). Either way every example is in exactly one row per epoch. Only
-// O(examples) is precomputed (lengths, the rows, the current epoch's order), never the tokens.
-// Movable, not copyable; step() and eval_batch() may be called from several threads.
+// epoch has the same rows; each epoch shuffles the rows (seeded by (seed, epoch)). Either way every example is in exactly one row per
+// epoch. Only O(examples) is precomputed (lengths, the rows, the current epoch's order), never the tokens. Movable, not copyable; step()
+// and eval_batch() may be called from several threads.
 class ExampleBatches {
  public:
   // How rows are made and grouped into steps.
@@ -257,7 +257,7 @@ class ExampleBatches {
   std::vector<int64_t> epoch_order(int64_t epoch) const;  // row indices in the epoch's order
   ExampleBatch make_batch(const std::vector<const Row*>& rows, const std::vector<int64_t>& examples) const;
   int64_t positions(int64_t example) const;  // min(n - 1, seq_len)
-  void pack_best_fit();                       // examples_ -> rows_ (packing)
+  void pack_best_fit();                      // examples_ -> rows_ (packing)
   std::shared_ptr<const ExampleFile> file_;
   Options opt_;
   std::vector<int64_t> examples_;       // training order source: kept examples (packing: in the packing shuffle)

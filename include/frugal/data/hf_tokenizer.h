@@ -40,14 +40,14 @@ class HfTokenizer {
   // std::invalid_argument for an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
 
-  int64_t vocab_size() const;                          // the id space: largest id + 1
+  int64_t vocab_size() const;                           // the id space: largest id + 1
   int32_t token_to_id(const std::string& token) const;  // -1 when absent
-  std::string id_to_token(int32_t id) const;           // "" when absent
-  bool is_special(int32_t id) const;                   // whether `id` is an added token marked special
+  std::string id_to_token(int32_t id) const;            // "" when absent
+  bool is_special(int32_t id) const;                    // whether `id` is an added token marked special
   // The ids the post-processor puts before and after a single sequence.
   const std::vector<int32_t>& prefix_ids() const;
   const std::vector<int32_t>& suffix_ids() const;  // the ids it puts after one (empty when none)
-  const std::string& json() const;  // the file's text, as read
+  const std::string& json() const;                 // the file's text, as read
 
  private:
   struct Impl;

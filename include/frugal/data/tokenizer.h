@@ -78,9 +78,9 @@ class Tokenizer {
   const std::string& fingerprint() const { return fingerprint_; }
 
  private:
-  std::shared_ptr<void> sp_;  // the SentencePiece processor, behind a privately loaded library
+  std::shared_ptr<void> sp_;               // the SentencePiece processor, behind a privately loaded library
   std::shared_ptr<const HfTokenizer> hf_;  // or a tokenizer.json
-  std::string path_, spm_bytes_;  // spm_bytes_: the .model file, for save_folder
+  std::string path_, spm_bytes_;           // spm_bytes_: the .model file, for save_folder
   int64_t vocab_ = 0;
   int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false, add_eos_ = false, config_add_special_ = false, prepends_space_ = false;
@@ -100,7 +100,7 @@ struct TokenizerTrainOptions {
   TORCH_ARG(int64_t, vocab_size) = 4096;
   TORCH_ARG(std::string, model_type) = "bpe";  // bpe or unigram
   TORCH_ARG(double, character_coverage) = 1.0;
-  TORCH_ARG(bool, byte_fallback) = true;       // unknown characters become bytes, as in Llama's
+  TORCH_ARG(bool, byte_fallback) = true;  // unknown characters become bytes, as in Llama's
   TORCH_ARG(int64_t, max_sentences) = 2000000;
 };
 // Trained as Llama's is: identity normalization, whitespace kept as it is (runs of spaces, tabs,
@@ -113,8 +113,7 @@ struct TokenizerTrainOptions {
 // (without its log lines) when it refuses the input, std::runtime_error when the helper fails. The
 // temporary corpus and log live in an io::TempDir (its name carries our PID), removed on every way
 // out, SIGINT, SIGTERM and SIGHUP included.
-void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
-                     const TokenizerTrainOptions& options = {});
+void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix, const TokenizerTrainOptions& options = {});
 
 // train_tokenizer's temporary folder: <$TMPDIR or /tmp>/frugal-tokenizer-<pid>-XXXXXX (an io::TempDir).
 constexpr const char* kTokenizerTempPrefix = "frugal-tokenizer";

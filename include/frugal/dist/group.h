@@ -91,7 +91,7 @@ class Group {
   Wait reduce_sum_async(const at::Tensor& t, int64_t root, const std::string& what);
   // root's t into every rank's t (bitwise: any dtype).
   Wait broadcast_async(const at::Tensor& t, int64_t root, const std::string& what);
-  void allreduce_sum(const at::Tensor& t, const std::string& what);  // blocking; fp32/fp64/int64
+  void allreduce_sum(const at::Tensor& t, const std::string& what);                           // blocking; fp32/fp64/int64
   std::vector<int64_t> allgather(const std::vector<int64_t>& mine, const std::string& what);  // every rank's, rank order
   void barrier(const std::string& what);  // blocks until every rank reaches it; CollectiveError on failure
 

@@ -30,19 +30,19 @@ namespace dist {
 // What launch_local starts: how many ranks, the command, where logs go, threads per rank, the grace period.
 struct LaunchOptions {
   int64_t nproc = 2;
-  std::vector<std::string> argv;   // argv[0]: the executable
-  std::string log_dir;             // ranks 1.. write rank-R.log here
-  int64_t threads_per_rank = 0;    // 0: the machine's cores / nproc (at least 1); > 0: this many
-  bool rank0_to_log = false;       // rank 0 writes to log_dir/rank-0.log too (not the terminal)
+  std::vector<std::string> argv;  // argv[0]: the executable
+  std::string log_dir;            // ranks 1.. write rank-R.log here
+  int64_t threads_per_rank = 0;   // 0: the machine's cores / nproc (at least 1); > 0: this many
+  bool rank0_to_log = false;      // rank 0 writes to log_dir/rank-0.log too (not the terminal)
   std::chrono::milliseconds grace{10000};
 };
 
 // How the ranks ended: the exit code to return, and which rank failed and how.
 struct LaunchResult {
-  int exit_code = 0;        // 0 when every rank succeeded; else the first failed rank's code (1 if it was killed)
+  int exit_code = 0;  // 0 when every rank succeeded; else the first failed rank's code (1 if it was killed)
   int64_t failed_rank = -1;
-  std::string failure;      // "rank 1 was killed by signal 9 (Killed)"
-  int64_t port = 0;         // MASTER_PORT the ranks used
+  std::string failure;  // "rank 1 was killed by signal 9 (Killed)"
+  int64_t port = 0;     // MASTER_PORT the ranks used
 };
 
 // The most threads a rank may be given (FRUGAL_NUM_THREADS's bound).
@@ -59,7 +59,8 @@ int64_t free_port();
 
 // Throws std::invalid_argument when nproc is outside 1 to kMaxWorldSize (group.h) or MASTER_PORT
 // is set but not a port (both before anything is made), std::runtime_error when the log folder
-// cannot be made or a child cannot be started. MASTER_PORT unset or empty: a free port. `log` gets a line when the ranks start and when one fails.
+// cannot be made or a child cannot be started. MASTER_PORT unset or empty: a free port. `log` gets a line when the ranks start and when one
+// fails.
 LaunchResult launch_local(const LaunchOptions& options, const std::function<void(const std::string&)>& log);
 
 }  // namespace dist

@@ -27,10 +27,10 @@ class AtomicFileWriter {
   ~AtomicFileWriter();
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-  void write(const void* data, size_t bytes);  // appends at the current end
+  void write(const void* data, size_t bytes);                      // appends at the current end
   void write_at(uint64_t offset, const void* data, size_t bytes);  // overwrites (a header's count)
-  void truncate(uint64_t bytes);  // drops everything after the first `bytes`; writes continue there
-  void commit();  // fsync, rename onto the target, fsync the folder
+  void truncate(uint64_t bytes);                                   // drops everything after the first `bytes`; writes continue there
+  void commit();                                                   // fsync, rename onto the target, fsync the folder
 
  private:
   std::string path_, tmp_;

@@ -23,19 +23,19 @@ namespace frugal {
 namespace io {
 
 // Bounds for files read whole, by what they are. A larger file is refused naming the bound.
-constexpr uint64_t kPointerFileBytes = 4ull << 10;       // a one-line pointer such as a run's `latest`
-constexpr uint64_t kMetadataFileBytes = 16ull << 20;     // config.json, generation_config.json, trainer_state.json,
-                                                         // optimizer_index.json, *.index.json, tokenizer_config.json,
-                                                         // chat_template.jinja, recipes, stamps
-constexpr uint64_t kTokenizerFileBytes = 1ull << 30;     // tokenizer.json (tens of MB), tokenizer.model
-constexpr uint64_t kWholeDataFileBytes = 4ull << 30;     // data read whole: eval texts and ids, traces
+constexpr uint64_t kPointerFileBytes = 4ull << 10;    // a one-line pointer such as a run's `latest`
+constexpr uint64_t kMetadataFileBytes = 16ull << 20;  // config.json, generation_config.json, trainer_state.json,
+                                                      // optimizer_index.json, *.index.json, tokenizer_config.json,
+                                                      // chat_template.jinja, recipes, stamps
+constexpr uint64_t kTokenizerFileBytes = 1ull << 30;  // tokenizer.json (tens of MB), tokenizer.model
+constexpr uint64_t kWholeDataFileBytes = 4ull << 30;  // data read whole: eval texts and ids, traces
 
 // A regular file open for reading (O_CLOEXEC, blocking reads), closed when destroyed.
 class ReadableFile {
  public:
   ReadableFile() = default;
   ~ReadableFile();
-  ReadableFile(ReadableFile&& other) noexcept;  // takes over other's descriptor; other is left closed
+  ReadableFile(ReadableFile&& other) noexcept;             // takes over other's descriptor; other is left closed
   ReadableFile& operator=(ReadableFile&& other) noexcept;  // closes this file, then takes over other's
   ReadableFile(const ReadableFile&) = delete;
   ReadableFile& operator=(const ReadableFile&) = delete;

@@ -20,10 +20,10 @@ class JsonWriter {
   // writes one line with no spaces at all (data embedded in a page).
   explicit JsonWriter(std::ostream& out, int indent = 2);
 
-  JsonWriter& begin_object();  // opens an object: each value in it follows a key()
-  JsonWriter& end_object();    // closes the innermost object
-  JsonWriter& begin_array();   // opens an array
-  JsonWriter& end_array();     // closes the innermost array
+  JsonWriter& begin_object();               // opens an object: each value in it follows a key()
+  JsonWriter& end_object();                 // closes the innermost object
+  JsonWriter& begin_array();                // opens an array
+  JsonWriter& end_array();                  // closes the innermost array
   JsonWriter& key(const std::string& k);    // the next value's key (escaped); std::logic_error outside an object
   JsonWriter& value(const std::string& v);  // a string, escaped
   JsonWriter& value(const char* v);         // a string, escaped
@@ -31,8 +31,8 @@ class JsonWriter {
   // An integer.
   JsonWriter& value(int v) { return value(static_cast<int64_t>(v)); }
   JsonWriter& value(double v);  // NaN and infinities are written as null
-  JsonWriter& value(bool v);  // true or false
-  JsonWriter& null();         // a null
+  JsonWriter& value(bool v);    // true or false
+  JsonWriter& null();           // a null
 
   // `s` as the inside of a JSON string: quotes, backslashes and control characters escaped, other bytes as they are.
   static std::string escape(const std::string& s);

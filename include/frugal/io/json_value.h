@@ -31,7 +31,7 @@ class JsonValue {
   static JsonValue make_bool(bool b);  // true or false
   // A number: `d` for as_double(); when `integral`, `i` for as_int().
   static JsonValue make_number(double d, bool integral, int64_t i);
-  static JsonValue make_string(std::string s);  // a string
+  static JsonValue make_string(std::string s);                // a string
   static JsonValue make_array(std::vector<JsonValue> items);  // an array of `items`, in order
   // An object of `members`, in order (duplicate keys are not checked here).
   static JsonValue make_object(std::vector<std::pair<std::string, JsonValue>> members);
@@ -55,14 +55,14 @@ class JsonValue {
 
   // Typed access; JsonError when the type differs (what = what the caller expected).
   bool as_bool() const;
-  double as_double() const;  // any number
-  int64_t as_int() const;  // integral numbers only
-  const std::string& as_string() const;  // the string, unescaped (UTF-8)
-  const std::vector<JsonValue>& items() const;  // an array's items, in order
+  double as_double() const;                                               // any number
+  int64_t as_int() const;                                                 // integral numbers only
+  const std::string& as_string() const;                                   // the string, unescaped (UTF-8)
+  const std::vector<JsonValue>& items() const;                            // an array's items, in order
   const std::vector<std::pair<std::string, JsonValue>>& members() const;  // in file order
 
-  bool contains(const std::string& key) const;  // whether it is an object with member `key`
-  const JsonValue& at(const std::string& key) const;  // JsonError naming the key when absent
+  bool contains(const std::string& key) const;          // whether it is an object with member `key`
+  const JsonValue& at(const std::string& key) const;    // JsonError naming the key when absent
   const JsonValue* find(const std::string& key) const;  // member `key`, or nullptr when absent or not an object
 
  private:

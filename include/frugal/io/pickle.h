@@ -20,20 +20,20 @@ namespace io {
 class PickleWriter {
  public:
   PickleWriter();
-  PickleWriter& begin_dict();  // opens a dict: key() and a value for each item
-  PickleWriter& end_dict();    // closes the innermost dict; std::logic_error outside one or after a key without its value
-  PickleWriter& begin_list();  // opens a list
-  PickleWriter& end_list();    // closes the innermost list; std::logic_error outside one
-  PickleWriter& key(const std::string& k);  // in a dict: the next value's key
+  PickleWriter& begin_dict();                 // opens a dict: key() and a value for each item
+  PickleWriter& end_dict();                   // closes the innermost dict; std::logic_error outside one or after a key without its value
+  PickleWriter& begin_list();                 // opens a list
+  PickleWriter& end_list();                   // closes the innermost list; std::logic_error outside one
+  PickleWriter& key(const std::string& k);    // in a dict: the next value's key
   PickleWriter& value(const std::string& s);  // a str (the bytes as given, meant to be UTF-8)
   // A str.
   PickleWriter& value(const char* s) { return value(std::string(s)); }
   PickleWriter& value(int64_t v);  // an int
   // An int.
   PickleWriter& value(int v) { return value(static_cast<int64_t>(v)); }
-  PickleWriter& value(double v);  // a float
-  PickleWriter& value(bool v);    // True or False
-  PickleWriter& none();           // None
+  PickleWriter& value(double v);             // a float
+  PickleWriter& value(bool v);               // True or False
+  PickleWriter& none();                      // None
   PickleWriter& pair(int64_t a, int64_t b);  // a 2-tuple of integers
   std::string finish();                      // appends STOP; the writer is then spent
 

@@ -80,8 +80,7 @@ class SafetensorsReader {
 // must not be "__metadata__". `written`, when set, is called with each tensor's index once its
 // bytes are written (a caller streaming state from files drops the pages it read).
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {},
-                       const std::function<void(size_t)>& written = {});
+                       const std::map<std::string, std::string>& metadata = {}, const std::function<void(size_t)>& written = {});
 
 const char* safetensors_dtype_name(at::ScalarType t);  // "F32", "BF16", ...
 

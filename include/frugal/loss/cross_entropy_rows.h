@@ -20,21 +20,20 @@ namespace loss {
 // environment variable FRUGAL_CPU_KERNELS=portable makes it portable. The three agree to a few
 // units in the last place (their exponentials and the order of their sums differ).
 enum class RowKernel { automatic, portable, avx2, avx512 };
-bool row_kernel_available(RowKernel kernel);  // automatic and portable always are
+bool row_kernel_available(RowKernel kernel);     // automatic and portable always are
 RowKernel resolve_row_kernel(RowKernel kernel);  // the one automatic stands for; others as given
 
 // logits: n rows of V values, row r at logits + r * stride; targets: n class indices in [0, V), or
 // ignore_index for a row that adds nothing. Writes each row's log-sum-exp to lse[r] (0 for an
 // ignored row) and returns the sum over the other rows of lse[r] - logits[r][targets[r]], in double.
-double cross_entropy_rows_forward(const float* logits, int64_t n, int64_t V, int64_t stride, const int64_t* targets,
-                                  int64_t ignore_index, float* lse, RowKernel kernel = RowKernel::automatic);
+double cross_entropy_rows_forward(const float* logits, int64_t n, int64_t V, int64_t stride, const int64_t* targets, int64_t ignore_index,
+                                  float* lse, RowKernel kernel = RowKernel::automatic);
 
 // From the forward's lse: row r of grad becomes (softmax(row r of logits) - onehot(targets[r])) *
 // scale, or zeros where targets[r] is ignore_index. grad has the logits' layout; it may be logits
 // itself (in place).
-void cross_entropy_rows_backward(const float* logits, float* grad, int64_t n, int64_t V, int64_t stride,
-                                 const int64_t* targets, int64_t ignore_index, const float* lse, float scale,
-                                 RowKernel kernel = RowKernel::automatic);
+void cross_entropy_rows_backward(const float* logits, float* grad, int64_t n, int64_t V, int64_t stride, const int64_t* targets,
+                                 int64_t ignore_index, const float* lse, float scale, RowKernel kernel = RowKernel::automatic);
 
 }  // namespace loss
 }  // namespace frugal

@@ -45,9 +45,9 @@ enum class Category : uint8_t {
   other,            // anything allocated outside a declared scope
 };
 constexpr int kNumCategories = 7;
-constexpr std::array<Category, kNumCategories> kAllCategories = {
-    Category::parameter, Category::gradient, Category::optimizer_state, Category::activation,
-    Category::temporary, Category::input,    Category::other};
+constexpr std::array<Category, kNumCategories> kAllCategories = {Category::parameter,  Category::gradient,  Category::optimizer_state,
+                                                                 Category::activation, Category::temporary, Category::input,
+                                                                 Category::other};
 
 // evaluation and sampling: a training run's validation passes and its text sample, marked so the
 // report can name the spikes they make between steps.

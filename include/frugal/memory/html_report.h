@@ -38,20 +38,20 @@ struct PhaseSpan {
 
 // Everything the page shows for one trace.
 struct TraceView {
-  int64_t start_us = 0, end_us = 0;   // first and last event
-  size_t n_events = 0;                // every event, markers included
-  std::vector<std::string> devices;   // of the alloc events, in order of appearance
-  std::vector<LiveSample> series;     // reduced (downsample_keep_peaks)
-  LiveSample peak;                    // of the whole trace (set-up included), exact, from the full replay
-  PeakReport steps_peak;              // peak_over_steps(steps): what a run's summary reports
+  int64_t start_us = 0, end_us = 0;                      // first and last event
+  size_t n_events = 0;                                   // every event, markers included
+  std::vector<std::string> devices;                      // of the alloc events, in order of appearance
+  std::vector<LiveSample> series;                        // reduced (downsample_keep_peaks)
+  LiveSample peak;                                       // of the whole trace (set-up included), exact, from the full replay
+  PeakReport steps_peak;                                 // peak_over_steps(steps): what a run's summary reports
   std::vector<std::pair<int64_t, int64_t>> step_starts;  // (step, time_us) where the step field changes
-  std::vector<PhaseSpan> phases;      // innermost open phase between phase_begin and phase_end
+  std::vector<PhaseSpan> phases;                         // innermost open phase between phase_begin and phase_end
   // Per-step peaks: the trace's summaries (the tracker's, with the same categories as the events),
   // or, for traces without summaries, step_peaks() of the replay.
   std::vector<Tracker::StepSummary> steps;
-  bool steps_from_events = false;    // no summaries in the trace
-  std::string note;                   // what the chart leaves out (bounded capture), or empty
-  std::vector<Tracker::Label> labels; // the trace's names for what ran from when (Tracker::label)
+  bool steps_from_events = false;      // no summaries in the trace
+  std::string note;                    // what the chart leaves out (bounded capture), or empty
+  std::vector<Tracker::Label> labels;  // the trace's names for what ran from when (Tracker::label)
 };
 
 constexpr size_t kReportBuckets = 1000;

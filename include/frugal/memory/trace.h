@@ -70,8 +70,7 @@ std::vector<Tracker::StepSummary> step_peaks(const std::vector<LiveSample>& samp
 // The highest of the step summaries with first_step <= step <= last_step (-1: no bound), with
 // covers_first_step/covers_last_step saying which steps it covers. Runs, their JSON and their
 // HTML pages all take their peak from here.
-PeakReport peak_over_steps(const std::vector<Tracker::StepSummary>& steps, int64_t first_step = -1,
-                           int64_t last_step = -1);
+PeakReport peak_over_steps(const std::vector<Tracker::StepSummary>& steps, int64_t first_step = -1, int64_t last_step = -1);
 
 // "steps 0-5", "step 3" or "no steps": what a peak covers, in words.
 std::string describe_coverage(const PeakReport& peak);

@@ -63,20 +63,20 @@ const char* action_name(Action a);
 struct MemoryEvent {
   int64_t time_us = 0;  // since the tracker was created
   Action action = Action::alloc;
-  int64_t bytes = 0;    // size of the allocation (alloc/free), 0 for markers
+  int64_t bytes = 0;  // size of the allocation (alloc/free), 0 for markers
   Category category = Category::other;
   Phase phase = Phase::idle;
   c10::Device device = c10::Device(c10::kCPU);
   uint64_t addr = 0;
-  int64_t step = -1;    // the step this event belongs to (-1 before the first mark_step)
+  int64_t step = -1;  // the step this event belongs to (-1 before the first mark_step)
 };
 
 using CategoryBytes = std::array<int64_t, kNumCategories>;
 struct Trace;  // trace.h
 
 struct PeakReport {
-  int64_t peak_bytes = 0;     // highest live total
-  int64_t peak_time_us = 0;   // when it was reached
+  int64_t peak_bytes = 0;    // highest live total
+  int64_t peak_time_us = 0;  // when it was reached
   int64_t peak_step = -1;
   Phase peak_phase = Phase::idle;
   CategoryBytes breakdown{};  // live bytes per category at that moment
@@ -89,7 +89,7 @@ struct PeakReport {
 // fields are the bytes each category held at that moment.
 struct MemoryReport {
   int64_t peak_bytes = 0;
-  int64_t peak_step = -1;            // the step in which it was reached (-1: set-up)
+  int64_t peak_step = -1;  // the step in which it was reached (-1: set-up)
   Phase peak_phase = Phase::idle;
   // The steps it covers (first_step -1: set-up included).
   int64_t first_step = -1, last_step = -1;
@@ -174,10 +174,10 @@ class Tracker {
   // One step's peak and what made it up.
   struct StepSummary {
     int64_t step = -1;
-    int64_t peak_bytes = 0;            // highest live total during the step (from what was live at its start)
-    int64_t time_us = 0;               // when it was first reached
-    Phase phase = Phase::idle;         // in which phase
-    CategoryBytes breakdown{};         // at that moment
+    int64_t peak_bytes = 0;     // highest live total during the step (from what was live at its start)
+    int64_t time_us = 0;        // when it was first reached
+    Phase phase = Phase::idle;  // in which phase
+    CategoryBytes breakdown{};  // at that moment
   };
   std::vector<StepSummary> step_summaries() const;  // steps closed so far, and the current one
 
@@ -196,15 +196,14 @@ class Tracker {
   void write_timeline_json(std::ostream& out) const;
 
   // --- called by the reporters and scopes; not for users ---
-  void on_report(void* ptr, int64_t size, c10::Device device, int64_t scope_id, Category category,
-                 Phase phase);
+  void on_report(void* ptr, int64_t size, c10::Device device, int64_t scope_id, Category category, Phase phase);
   // A new scope's id; reclassify_transients: what is freed while it is open becomes temporary.
   int64_t open_scope(bool reclassify_transients);
   // Gives the live allocation at ptr a category from its start (its alloc event is rewritten) and
   // exempts it from becoming temporary. Returns false when ptr is not a live tracked allocation.
   bool retag(const void* ptr, Category category);
-  void close_scope(int64_t id);                // the scope of that id closed
-  void mark(Action action, Phase phase);       // a phase began or ended (a timeline marker)
+  void close_scope(int64_t id);           // the scope of that id closed
+  void mark(Action action, Phase phase);  // a phase began or ended (a timeline marker)
   // Step `step` begins now (memory::mark_step); from then on the optimizer marks no steps of its own.
   void mark_step(int64_t step);
   // An implicit phase opened (see "Without scopes"); mark_step_if_implicit's step.
@@ -223,6 +222,7 @@ class Tracker {
 
  private:
   explicit Tracker(bool keep_events);
+
  public:
   ~Tracker();
   Tracker(const Tracker&) = delete;
@@ -275,23 +275,23 @@ class Tracker {
   std::vector<DeviceCounter> device_live_;
   CategoryBytes category_live_{};
   int64_t total_live_ = 0;
-  int64_t seq_ = 0;                 // allocations made so far
+  int64_t seq_ = 0;  // allocations made so far
   PeakReport peak_;
-  int64_t peak_seq_ = 0;            // seq_ when peak_ was taken
+  int64_t peak_seq_ = 0;  // seq_ when peak_ was taken
   int64_t limit_ = 0;
   LimitReport limit_report_;
   int64_t limit_seq_ = 0;
-  std::vector<int64_t> capture_steps_;   // sorted; empty: every step
-  std::vector<StepSummary> summaries_;   // closed steps
-  std::vector<int64_t> summary_seqs_;    // seq_ when each closed summary's peak was taken
+  std::vector<int64_t> capture_steps_;  // sorted; empty: every step
+  std::vector<StepSummary> summaries_;  // closed steps
+  std::vector<int64_t> summary_seqs_;   // seq_ when each closed summary's peak was taken
   StepSummary current_summary_;
   int64_t current_summary_seq_ = 0;
   bool capturing() const;
   bool was_capturing_ = true;
   int64_t next_scope_ = 1;
-  bool implicit_rules_ = false;     // an implicit phase opened, or watch() was called
-  bool explicit_steps_ = false;     // the program called mark_step
-  int64_t backward_epoch_ = 0;      // backward phases begun
+  bool implicit_rules_ = false;  // an implicit phase opened, or watch() was called
+  bool explicit_steps_ = false;  // the program called mark_step
+  int64_t backward_epoch_ = 0;   // backward phases begun
   std::weak_ptr<Tracker> self_;
   struct WatchHook;
   std::vector<std::shared_ptr<WatchHook>> watch_hooks_;

@@ -24,17 +24,17 @@ namespace models {
 
 // The activation bytes of a decoder's pieces for one batch, which the memory estimate adds up.
 struct DecoderActivationBytes {
-  int64_t block_plain = 0;       // one block run plainly: everything its backward reads
-  int64_t block_input = 0;       // a checkpointed block keeps only its input: (B, T, d)
-  int64_t block_selective = 0;   // selective checkpointing: its input and its matrix products
-  int64_t block_backward_working_set = 0;  // a checkpointed block's backward temporaries at their peak
+  int64_t block_plain = 0;                       // one block run plainly: everything its backward reads
+  int64_t block_input = 0;                       // a checkpointed block keeps only its input: (B, T, d)
+  int64_t block_selective = 0;                   // selective checkpointing: its input and its matrix products
+  int64_t block_backward_working_set = 0;        // a checkpointed block's backward temporaries at their peak
   int64_t plain_block_backward_working_set = 0;  // the same for a block that is not recomputed
-  int64_t head_kept = 0;         // the final norm and the loss (plain: fp32 log-softmax of the logits)
-  int64_t loss_forward_temporary = 0;   // at the loss's forward peak
-  int64_t loss_backward_temporary = 0;  // at the loss's backward peak
-  int64_t loss_weight_gradient = 0;     // the head weight's gradient, made by the loss's backward
-  int64_t block_largest_matrix = 0;     // the largest weight of a block (one backward node's gradient)
-  int64_t block_params = 0;             // bytes of one block's parameters
+  int64_t head_kept = 0;                         // the final norm and the loss (plain: fp32 log-softmax of the logits)
+  int64_t loss_forward_temporary = 0;            // at the loss's forward peak
+  int64_t loss_backward_temporary = 0;           // at the loss's backward peak
+  int64_t loss_weight_gradient = 0;              // the head weight's gradient, made by the loss's backward
+  int64_t block_largest_matrix = 0;              // the largest weight of a block (one backward node's gradient)
+  int64_t block_params = 0;                      // bytes of one block's parameters
   // Whether a block's backward peaks after its last product's weight gradient is made in the
   // parameters' dtype: under autocast GPT-2's peaks while that gradient is still the product's
   // low-precision one; Llama's (SwiGLU's, after down_proj) and every fp32 one after it.
@@ -50,9 +50,8 @@ constexpr int64_t kSwiGLUSliceElements = int64_t{1} << 18;
 constexpr int64_t kMaxSizeBytes = int64_t{1} << 56;
 
 // dtype: the parameters'; compute_dtype: the matrix products' under autocast (default: dtype).
-DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& config, int64_t batch, int64_t seq,
-                                                at::ScalarType dtype, const LossOptions& loss,
-                                                std::optional<at::ScalarType> compute_dtype = std::nullopt);
+DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& config, int64_t batch, int64_t seq, at::ScalarType dtype,
+                                                const LossOptions& loss, std::optional<at::ScalarType> compute_dtype = std::nullopt);
 
 // What a packed forward (segments given to hidden_states, logits or loss) keeps beyond the same
 // forward unpacked, in bytes: the layout is made once per forward and shared by every block; the

@@ -51,11 +51,11 @@ struct RopeScaling {
   std::string type = "default";  // default, linear, llama3, dynamic
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 0;         // llama3 (required), dynamic (0: max_seq_len)
+  int64_t original_max_position_embeddings = 0;          // llama3 (required), dynamic (0: max_seq_len)
   // Every field equal.
   bool operator==(const RopeScaling& o) const {
-    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
-           high_freq_factor == o.high_freq_factor && original_max_position_embeddings == o.original_max_position_embeddings;
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor && high_freq_factor == o.high_freq_factor &&
+           original_max_position_embeddings == o.original_max_position_embeddings;
   }
 };
 
@@ -66,8 +66,8 @@ struct DecoderConfig {
   int64_t dim = 4096;
   int64_t n_layers = 32;
   int64_t n_heads = 32;
-  int64_t n_kv_heads = 32;     // llama: grouped-query attention when < n_heads
-  int64_t ffn_dim = 11008;     // llama: SwiGLU hidden size; gpt2: 4 * dim
+  int64_t n_kv_heads = 32;  // llama: grouped-query attention when < n_heads
+  int64_t ffn_dim = 11008;  // llama: SwiGLU hidden size; gpt2: 4 * dim
   int64_t max_seq_len = 4096;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
@@ -155,8 +155,7 @@ class DecoderImpl : public torch::nn::Module {
   at::Tensor logits_with_cache(const at::Tensor& tokens, KVCache& cache);
   // Cross-entropy of predicting targets (B, T) (ignore_index skipped), averaged or summed over the
   // counted tokens (options.reduction); segments as hidden_states'. In fp32.
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {},
-                  const at::Tensor& segments = {});
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const LossOptions& options = {}, const at::Tensor& segments = {});
 
  protected:
   // Keeps the config; the subclass builds the modules.
@@ -187,7 +186,7 @@ Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& optio
 // x: (..., dim) -> x / rms(x) * weight, computed in fp32 and returned in x's dtype
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps);  // weight: `dim` ones; eps is added to the mean square
+  RMSNormImpl(int64_t dim, double eps);     // weight: `dim` ones; eps is added to the mean square
   at::Tensor forward(const at::Tensor& x);  // x / rms(x) * weight, as above
   at::Tensor weight;
 

@@ -25,8 +25,8 @@ namespace models {
 
 // Loss totals over scored windows; add them up with +=.
 struct EvalTotals {
-  double loss_sum = 0;     // sum of the token losses (natural log)
-  int64_t tokens = 0;      // predicted tokens
+  double loss_sum = 0;  // sum of the token losses (natural log)
+  int64_t tokens = 0;   // predicted tokens
   int64_t windows = 0;
   at::Tensor last_logits;  // the last window's logits (1, n, V) in fp32, when asked for
   // The mean token loss in nats (loss_sum / tokens), NaN when no token was predicted.

@@ -31,7 +31,6 @@ struct GenerationOptions {
   TORCH_ARG(uint64_t, seed) = 0;
   TORCH_ARG(std::vector<int32_t>, eos_ids) = {};  // any of these ends generation (not included)
 
-
  public:  // (TORCH_ARG leaves the struct private)
   // Throws std::invalid_argument naming the first bad value.
   void validate() const;
@@ -61,8 +60,7 @@ Generation generate_ids(DecoderImpl& model, const std::vector<int32_t>& prompt_i
 // Encodes the prompt (BOS first when the tokenizer has one), adds the tokenizer's EOS to the
 // options' eos_ids, generates, and decodes the continuation together with the prompt (so
 // SentencePiece puts the word boundary between them where the model did).
-Generation generate(DecoderImpl& model, const data::Tokenizer& tokenizer, const std::string& prompt,
-                    GenerationOptions options);
+Generation generate(DecoderImpl& model, const data::Tokenizer& tokenizer, const std::string& prompt, GenerationOptions options);
 
 // The end-of-sequence ids a Hugging Face folder declares: generation_config.json's eos_token_id
 // when present, else config.json's (an integer or a list; null or absent: none). Throws

@@ -52,8 +52,8 @@ int64_t block_param_count(int64_t layers, int64_t d_model);
 // Bytes autograd keeps between forward and backward for `layers` blocks without checkpointing,
 // excluding the parameters and the chain's input (derivation next to the code). With sdpa the
 // (B, H, T, T) probabilities become one fp32 log-sum-exp per query and head.
-int64_t predicted_saved_bytes(int64_t layers, int64_t batch, int64_t seq, int64_t d_model, int64_t n_heads,
-                              int64_t element_size = 4, AttentionKernel attention = AttentionKernel::explicit_softmax);
+int64_t predicted_saved_bytes(int64_t layers, int64_t batch, int64_t seq, int64_t d_model, int64_t n_heads, int64_t element_size = 4,
+                              AttentionKernel attention = AttentionKernel::explicit_softmax);
 
 }  // namespace models
 }  // namespace frugal

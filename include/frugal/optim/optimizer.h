@@ -71,8 +71,7 @@ namespace optim {
 
 enum class Mode { standard, in_backward };
 enum class Clip { none, global_norm, global_norm_two_pass, per_param_norm };
-constexpr std::array<Clip, 4> kAllClips = {Clip::none, Clip::global_norm, Clip::global_norm_two_pass,
-                                           Clip::per_param_norm};
+constexpr std::array<Clip, 4> kAllClips = {Clip::none, Clip::global_norm, Clip::global_norm_two_pass, Clip::per_param_norm};
 
 const char* mode_name(Mode m);  // "standard", "in_backward"
 // "none", "global_norm", "global_norm_two_pass", "per_param_norm"; parse_clip is the inverse
@@ -86,9 +85,9 @@ struct OptimizerOptions {
   TORCH_ARG(Algorithm, algorithm) = Algorithm::adamw;
   TORCH_ARG(double, lr) = 1e-3;
   TORCH_ARG(double, weight_decay) = 0.0;
-  TORCH_ARG(double, momentum) = 0.0;    // sgd
-  TORCH_ARG(double, dampening) = 0.0;   // sgd
-  TORCH_ARG(bool, nesterov) = false;    // sgd
+  TORCH_ARG(double, momentum) = 0.0;   // sgd
+  TORCH_ARG(double, dampening) = 0.0;  // sgd
+  TORCH_ARG(bool, nesterov) = false;   // sgd
   TORCH_ARG(double, beta1) = 0.9;
   TORCH_ARG(double, beta2) = 0.999;
   TORCH_ARG(double, eps) = 1e-8;
@@ -127,16 +126,16 @@ struct ParamGroup {
 template <typename Derived>
 class MemoryOptions {
  public:
-#define FRUGAL_MEMORY_ARG(T, name, init)                  \
-  Derived& name(const T& value) {                         \
-    name##_ = value;                                      \
-    return static_cast<Derived&>(*this);                  \
-  }                                                       \
-  const T& name() const noexcept { return name##_; }      \
-                                                          \
- private:                                                 \
-  T name##_ = init;                                       \
-                                                          \
+#define FRUGAL_MEMORY_ARG(T, name, init)             \
+  Derived& name(const T& value) {                    \
+    name##_ = value;                                 \
+    return static_cast<Derived&>(*this);             \
+  }                                                  \
+  const T& name() const noexcept { return name##_; } \
+                                                     \
+ private:                                            \
+  T name##_ = init;                                  \
+                                                     \
  public:
   FRUGAL_MEMORY_ARG(Mode, mode, Mode::standard)
   FRUGAL_MEMORY_ARG(Clip, clip, Clip::none)
@@ -159,8 +158,13 @@ class MemoryOptions {
  protected:
   // These settings in an OptimizerOptions, for the derived options to add theirs.
   OptimizerOptions memory_options() const {
-    return OptimizerOptions().mode(mode_).clip(clip_).max_grad_norm(max_grad_norm_).accumulation_steps(accumulation_steps_)
-        .state(state_).stochastic_rounding(stochastic_rounding_);
+    return OptimizerOptions()
+        .mode(mode_)
+        .clip(clip_)
+        .max_grad_norm(max_grad_norm_)
+        .accumulation_steps(accumulation_steps_)
+        .state(state_)
+        .stochastic_rounding(stochastic_rounding_);
   }
 };
 
@@ -227,7 +231,7 @@ using TensorDict = std::map<std::string, at::Tensor>;
 //   optimizer.load_state(source);
 struct StateDictSource {
   std::vector<std::pair<std::string, std::vector<int64_t>>> entries;  // name, shape
-  std::function<at::Tensor(const std::string&)> load;                  // the entry's tensor, of that shape
+  std::function<at::Tensor(const std::string&)> load;                 // the entry's tensor, of that shape
 };
 
 // set_bytes_in_flight's default.
@@ -321,9 +325,9 @@ torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archi
 // mapped files (mmap placement).
 StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, const OptimizerOptions& options);
 // Temporaries one parameter's update holds at its peak: none for the fused CPU kernels (8- and
-// 4-bit state; fp32 and bf16 state, update.h's uses_dense_kernel); otherwise the streamed (buffered) update works a chunk of values at a time in fp32
-// (parameter, gradient, both moments, rounding noise), and the plain update makes parameter-sized
-// temporaries (the denominator and the step).
+// 4-bit state; fp32 and bf16 state, update.h's uses_dense_kernel); otherwise the streamed (buffered) update works a chunk of values at a
+// time in fp32 (parameter, gradient, both moments, rounding noise), and the plain update makes parameter-sized temporaries (the denominator
+// and the step).
 int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device device, const OptimizerOptions& options);
 // The code tables that quantized state shares (once per process and device), for parameters of
 // these sizes: 0 when none of them is quantized.

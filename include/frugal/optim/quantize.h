@@ -121,8 +121,8 @@ bool quant_kernel_vectorized();                // whether that is AVX2 or AVX-51
 // per block, dequantize, update the moments and the parameter, requantize. begin is block-aligned;
 // end is too, or the end of the buffer. p and g: fp32, contiguous, end - begin elements. Threads over
 // blocks with at::parallel_for.
-void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v,
-                             int64_t begin, int64_t end, QuantKernel kernel = QuantKernel::automatic);
+void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin,
+                             int64_t end, QuantKernel kernel = QuantKernel::automatic);
 
 // How a bf16 parameter's updated fp32 value goes back to bf16: to nearest (ties to even, as
 // at::Tensor::to does), or stochastically: up with probability equal to the distance from the
@@ -139,9 +139,8 @@ struct Bf16Rounding {
 // The same step for a parameter and gradient of fp32 or bf16 (contiguous CPU tensors of end - begin
 // elements, the parameter's elements [begin, end)): each block is widened to fp32 in registers,
 // updated, and a bf16 parameter rounded back per `rounding`. No temporary tensor is made.
-void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
-                             QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding,
-                             QuantKernel kernel = QuantKernel::automatic);
+void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v,
+                             int64_t begin, int64_t end, const Bf16Rounding& rounding, QuantKernel kernel = QuantKernel::automatic);
 
 // Whether the CUDA kernel below is in this process: frugal's CUDA module (libfrugal_cuda.so, built
 // against a CUDA build of LibTorch) is loaded (memory/cuda_runtime.h); the call is refused otherwise.
@@ -155,8 +154,8 @@ bool cuda_kernels_built();
 // in place; state elsewhere (host memory, mapped files) has the range's codes and scales copied to
 // the device, updated there and copied back, so only codes cross the bus, never fp32 moments.
 // Returns the seconds spent on those copies (0 for state on the device).
-double adam_step_quantized_cuda(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m,
-                                QuantizedBuffer& v, int64_t begin, int64_t end, const Bf16Rounding& rounding);
+double adam_step_quantized_cuda(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v,
+                                int64_t begin, int64_t end, const Bf16Rounding& rounding);
 
 }  // namespace optim
 }  // namespace frugal

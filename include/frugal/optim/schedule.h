@@ -27,9 +27,8 @@ namespace frugal {
 namespace optim {
 
 enum class ScheduleKind { constant, linear_warmup, cosine, linear_decay, step };
-constexpr std::array<ScheduleKind, 5> kAllScheduleKinds = {ScheduleKind::constant, ScheduleKind::linear_warmup,
-                                                           ScheduleKind::cosine, ScheduleKind::linear_decay,
-                                                           ScheduleKind::step};
+constexpr std::array<ScheduleKind, 5> kAllScheduleKinds = {ScheduleKind::constant, ScheduleKind::linear_warmup, ScheduleKind::cosine,
+                                                           ScheduleKind::linear_decay, ScheduleKind::step};
 
 // "constant", "linear_warmup", "cosine", "linear_decay", "step"; parse_schedule is the inverse
 // (nullopt for any other text).
@@ -40,10 +39,10 @@ std::optional<ScheduleKind> parse_schedule(const std::string& name);
 struct ScheduleOptions {
   TORCH_ARG(ScheduleKind, kind) = ScheduleKind::constant;
   TORCH_ARG(int64_t, warmup_steps) = 0;
-  TORCH_ARG(int64_t, total_steps) = 0;     // cosine and linear_decay
-  TORCH_ARG(double, min_lr_ratio) = 0.0;   // cosine and linear_decay floor
-  TORCH_ARG(int64_t, step_size) = 1;       // step
-  TORCH_ARG(double, gamma) = 0.1;          // step
+  TORCH_ARG(int64_t, total_steps) = 0;    // cosine and linear_decay
+  TORCH_ARG(double, min_lr_ratio) = 0.0;  // cosine and linear_decay floor
+  TORCH_ARG(int64_t, step_size) = 1;      // step
+  TORCH_ARG(double, gamma) = 0.1;         // step
 };
 
 // The factor at training step t (0-based). Throws std::invalid_argument for inconsistent options.
@@ -54,12 +53,12 @@ class LRScheduler {
  public:
   // Sets every group's lr to base_lr * factor(0).
   LRScheduler(Optimizer& optimizer, const ScheduleOptions& options);
-  void step();                       // one training step done
+  void step();  // one training step done
   // The number of step() calls so far (or the value set_last_step gave): the t of factor().
   int64_t last_step() const { return t_; }
-  void set_last_step(int64_t t);     // resume: the number of step() calls made before
+  void set_last_step(int64_t t);      // resume: the number of step() calls made before
   double lr(size_t group = 0) const;  // the rate group `group` uses next; std::out_of_range for a bad group
-  double factor() const;             // schedule_factor at last_step()
+  double factor() const;              // schedule_factor at last_step()
 
  private:
   void apply();

@@ -31,10 +31,10 @@ namespace optim {
 
 enum class StatePrecision { fp32, bf16, int8, int4 };
 enum class StatePlacement { device, host, mmap, file };
-constexpr std::array<StatePrecision, 4> kAllStatePrecisions = {StatePrecision::fp32, StatePrecision::bf16,
-                                                                StatePrecision::int8, StatePrecision::int4};
-constexpr std::array<StatePlacement, 4> kAllStatePlacements = {StatePlacement::device, StatePlacement::host,
-                                                                StatePlacement::mmap, StatePlacement::file};
+constexpr std::array<StatePrecision, 4> kAllStatePrecisions = {StatePrecision::fp32, StatePrecision::bf16, StatePrecision::int8,
+                                                               StatePrecision::int4};
+constexpr std::array<StatePlacement, 4> kAllStatePlacements = {StatePlacement::device, StatePlacement::host, StatePlacement::mmap,
+                                                               StatePlacement::file};
 
 // "fp32", "bf16", "int8", "int4"; parse_precision is the inverse (nullopt for any other text).
 const char* precision_name(StatePrecision p);
@@ -47,10 +47,10 @@ std::optional<StatePlacement> parse_placement(const std::string& s);
 struct StateOptions {
   TORCH_ARG(StatePrecision, precision) = StatePrecision::fp32;
   TORCH_ARG(StatePlacement, placement) = StatePlacement::device;
-  TORCH_ARG(std::string, mmap_dir) = "/tmp";         // where mmap and file placement create their files
-  TORCH_ARG(int64_t, window_bytes) = 64 << 20;       // file placement: the most state bytes resident at once
-  TORCH_ARG(int64_t, min_quantized_numel) = 4096;    // smaller tensors keep fp32 state
-  TORCH_ARG(int64_t, chunk_elements) = 1 << 20;      // elements per step of the streamed update
+  TORCH_ARG(std::string, mmap_dir) = "/tmp";       // where mmap and file placement create their files
+  TORCH_ARG(int64_t, window_bytes) = 64 << 20;     // file placement: the most state bytes resident at once
+  TORCH_ARG(int64_t, min_quantized_numel) = 4096;  // smaller tensors keep fp32 state
+  TORCH_ARG(int64_t, chunk_elements) = 1 << 20;    // elements per step of the streamed update
 };
 
 // Whether the state's values (codes or dense values) live in files: mmap and file placement.
@@ -142,8 +142,8 @@ class StateBuffer {
   StatePrecision precision_;
   StatePlacement placement_;
   bool signed_;
-  at::Device device_ = at::kCPU;     // where the state lives
-  at::Tensor dense_;                 // fp32 or bf16 state
+  at::Device device_ = at::kCPU;  // where the state lives
+  at::Tensor dense_;              // fp32 or bf16 state
   std::unique_ptr<QuantizedBuffer> quantized_;
   struct Mapping {
     void* p;

@@ -37,8 +37,7 @@ inline bool uses_buffered_state(at::ScalarType param_dtype, const StateOptions& 
 // (quantize.h: the CPU one, or the CUDA one in a CUDA build), which makes no fp32 temporaries;
 // other buffered updates work a chunk in fp32 with ATen operations.
 inline bool uses_fused_kernel(at::ScalarType param_dtype, at::Device device) {
-  return (device.is_cpu() || (device.is_cuda() && cuda_kernels_built())) &&
-         (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
+  return (device.is_cpu() || (device.is_cuda() && cuda_kernels_built())) && (param_dtype == at::kFloat || param_dtype == at::kBFloat16);
 }
 
 // Whether Adam(W) takes the fused dense CPU step (one pass over parameter, gradient and moments, no
@@ -74,10 +73,10 @@ const char* dense_cpu_kernel();
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;
   double lr = 1e-3;
-  double weight_decay = 0;  // L2 for sgd and adam, decoupled for adamw
-  double momentum = 0;      // sgd
-  double dampening = 0;     // sgd
-  bool nesterov = false;    // sgd
+  double weight_decay = 0;                        // L2 for sgd and adam, decoupled for adamw
+  double momentum = 0;                            // sgd
+  double dampening = 0;                           // sgd
+  bool nesterov = false;                          // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
   // Adam(W) moments in another precision or place (see state_buffer.h); fp32 on the parameter's
   // device uses the plain tensors below.
@@ -92,10 +91,10 @@ struct Hyper {
 
 // One parameter's optimizer state: its step count and the tensors its algorithm keeps.
 struct ParamState {
-  int64_t step = 0;            // updates applied so far
-  at::Tensor exp_avg;          // adam(w): first moment
-  at::Tensor exp_avg_sq;       // adam(w): second moment
-  at::Tensor momentum_buffer;  // sgd with momentum
+  int64_t step = 0;                   // updates applied so far
+  at::Tensor exp_avg;                 // adam(w): first moment
+  at::Tensor exp_avg_sq;              // adam(w): second moment
+  at::Tensor momentum_buffer;         // sgd with momentum
   std::shared_ptr<StateBuffer> m, v;  // adam(w) moments when Hyper::buffered()
 };
 

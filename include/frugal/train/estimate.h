@@ -25,13 +25,13 @@ namespace train {
 struct MemoryEstimate {
   memory::CategoryBytes by_category{};  // at the estimated peak, in the tracker's categories (category.h)
   int64_t peak_bytes = 0;
-  std::string peak_at;                  // the moment of the step it is at: "backward of block 7", ...
+  std::string peak_at;  // the moment of the step it is at: "backward of block 7", ...
   int64_t n_params = 0;
-  int64_t activation_per_layer = 0;     // one block's kept bytes without checkpointing
-  int64_t state_in_files_bytes = 0;     // optimizer state in mapped files (mmap and file placement); file
-                                        // placement's is not in optimizer_state, but for one window:
-  int64_t state_window_bytes = 0;       // the largest chunk of it mapped in at once (file placement)
-  int64_t state_off_device_bytes = 0;   // optimizer state in host memory or files while training on a GPU
+  int64_t activation_per_layer = 0;    // one block's kept bytes without checkpointing
+  int64_t state_in_files_bytes = 0;    // optimizer state in mapped files (mmap and file placement); file
+                                       // placement's is not in optimizer_state, but for one window:
+  int64_t state_window_bytes = 0;      // the largest chunk of it mapped in at once (file placement)
+  int64_t state_off_device_bytes = 0;  // optimizer state in host memory or files while training on a GPU
   // 8- or 4-bit state asked for, fp32 kept: the tensors (this rank's parts of them) under
   // optim::StateOptions::min_quantized_numel elements, whose block scales would cost more than
   // the codes save (optim::effective_precision), and their elements.
@@ -64,8 +64,7 @@ Recipe without_techniques(const Recipe& recipe);
 // What to say when a run crosses a memory limit: what each category held at that moment, and each
 // of frugal's techniques not yet on (and all of them together) with the estimated peak it would
 // give, marked when it fits under the limit.
-std::string explain_memory_limit(const Recipe& recipe, int64_t vocab_size, const memory::Tracker::LimitReport& report,
-                                 int64_t limit_bytes);
+std::string explain_memory_limit(const Recipe& recipe, int64_t vocab_size, const memory::Tracker::LimitReport& report, int64_t limit_bytes);
 
 }  // namespace train
 }  // namespace frugal

@@ -47,14 +47,14 @@ std::optional<ComputeDtype> parse_compute_dtype(const std::string& name);
 // A training run as a recipe YAML describes it (load_recipe), one field per key; YAML keys in the comments.
 struct Recipe {
   std::string name = "recipe";
-  models::DecoderConfig model;           // model.vocab_size 0: take it from the tokenizer
-  at::ScalarType dtype = at::kFloat;     // model.dtype: fp32 or bf16 (dtype_name / parse_dtype)
+  models::DecoderConfig model;                      // model.vocab_size 0: take it from the tokenizer
+  at::ScalarType dtype = at::kFloat;                // model.dtype: fp32 or bf16 (dtype_name / parse_dtype)
   ComputeDtype compute_dtype = ComputeDtype::fp32;  // model.compute_dtype: fp32, bf16 or auto (resolve_compute_dtype)
   // A Hugging Face checkpoint folder to fine-tune from ("" = random init). Its config.json defines
   // the model: load_recipe resolves `model` from it (resolve_model_config), and an architecture
   // key the recipe set explicitly that contradicts the file is a RecipeError naming both values.
   std::string init_from;
-  bool ignore_dropout = false;           // model.ignore_dropout: train without the init_from file's dropout
+  bool ignore_dropout = false;  // model.ignore_dropout: train without the init_from file's dropout
   // The model.* keys the YAML or an override set (the rest took their defaults), and where each
   // architecture key's value came from: "file" (init_from's config.json), "recipe" or "default".
   std::vector<std::string> explicit_model_keys;
@@ -69,21 +69,21 @@ struct Recipe {
   // A text file or folder; with examples, JSON Lines files or folders (a YAML list names several,
   // held here one per line).
   std::string corpus;
-  std::string validation;                // data.validation: separate validation examples ("": the last val_fraction)
-  bool packing = false;                  // data.packing: several examples a row, attention kept within each
-  bool drop_overlong = false;            // data.overlong: drop (true) or truncate (false) examples over train.seq_len
+  std::string validation;      // data.validation: separate validation examples ("": the last val_fraction)
+  bool packing = false;        // data.packing: several examples a row, attention kept within each
+  bool drop_overlong = false;  // data.overlong: drop (true) or truncate (false) examples over train.seq_len
   // The data files follow train.out_dir: left empty ("") in the YAML, load_recipe sets them to
   // "<out_dir>/tokenizer.model" and "<out_dir>/corpus.tokens"; set explicitly, they stay as given.
-  std::string tokenizer;                 // a SentencePiece .model, a tokenizer.json or a folder; a .model is trained when missing
-  bool train_tokenizer = false;          // with model.init_from: train a new tokenizer instead of the model's own
+  std::string tokenizer;         // a SentencePiece .model, a tokenizer.json or a folder; a .model is trained when missing
+  bool train_tokenizer = false;  // with model.init_from: train a new tokenizer instead of the model's own
   // The token file (text; "<out_dir>/corpus.tokens" when empty) or the training examples file
   // (examples; "<out_dir>/train.examples", its validation examples beside it as <file>.val); made
   // from the corpus when missing or made with another tokenizer or example options.
   std::string tokens;
   double val_fraction = 0.05;
   // train
-  int64_t batch_size = 8;                // rows per micro-batch; a step takes
-                                         // optimizer.accumulation_steps() (train.gradient_accumulation_steps) of them
+  int64_t batch_size = 8;  // rows per micro-batch; a step takes
+                           // optimizer.accumulation_steps() (train.gradient_accumulation_steps) of them
   int64_t seq_len = 128;
   int64_t steps = 100;
   // train.epochs: > 0 (examples only) sets train.steps to that many passes over the training
@@ -96,14 +96,13 @@ struct Recipe {
   int64_t checkpoint_interval = 50;
   int64_t keep_checkpoints = 2;
   std::string out_dir = "out/run";
-  c10::Device device = c10::kCPU;        // train.device: cpu, cuda or cuda:N
+  c10::Device device = c10::kCPU;  // train.device: cpu, cuda or cuda:N
   std::string sample_prompt = "";
   int64_t sample_tokens = 48;
   // optimizer.*: algorithm, lr, weight_decay, beta1, beta2, eps, momentum (sgd only), in_backward
   // (mode), clip, max_grad_norm, state_precision / state_placement / state_dir (state()),
   // stochastic_rounding.
-  optim::OptimizerOptions optimizer =
-      optim::OptimizerOptions().lr(1e-3).weight_decay(0.1).beta1(0.9).beta2(0.95).eps(1e-8).momentum(0.9);
+  optim::OptimizerOptions optimizer = optim::OptimizerOptions().lr(1e-3).weight_decay(0.1).beta1(0.9).beta2(0.95).eps(1e-8).momentum(0.9);
   // schedule.*: kind, warmup_steps, min_lr_ratio; total_steps is train.steps (set at load).
   optim::ScheduleOptions schedule =
       optim::ScheduleOptions().kind(optim::ScheduleKind::cosine).warmup_steps(10).total_steps(100).min_lr_ratio(0.1);
@@ -116,8 +115,8 @@ struct Recipe {
   bool in_backward() const { return optimizer.mode() == optim::Mode::in_backward; }
   // Whether the data is a text corpus (no data.format) rather than JSON Lines examples.
   bool text_data() const { return !example_format.has_value(); }
-  data::ExampleOptions example_options() const;  // examples with format = *example_format
-  std::vector<std::string> corpus_paths() const;  // corpus, one path per line
+  data::ExampleOptions example_options() const;       // examples with format = *example_format
+  std::vector<std::string> corpus_paths() const;      // corpus, one path per line
   std::vector<std::string> validation_paths() const;  // validation, one path per line (empty when none)
 };
 

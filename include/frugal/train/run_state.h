@@ -23,9 +23,9 @@ namespace train {
 
 // The counters of a run that a checkpoint saves besides the model and the optimizer.
 struct RunState {
-  int64_t step = 0;            // training steps completed
-  int64_t schedule_step = 0;   // LRScheduler::last_step()
-  std::string rng_state_hex;   // the CPU generator's state
+  int64_t step = 0;           // training steps completed
+  int64_t schedule_step = 0;  // LRScheduler::last_step()
+  std::string rng_state_hex;  // the CPU generator's state
   double last_loss = 0;
 };
 
@@ -34,9 +34,8 @@ struct RunState {
 // and rank 0 writes the rest, an index of those files (optimizer_index.json) and commits. A
 // checkpoint resumes at any world size: each rank loads its own parameters' state from whichever
 // file holds it.
-std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model,
-                           const optim::Optimizer& optimizer, const std::string& recipe_yaml,
-                           const std::string& tokenizer_path, int64_t keep, dist::Group* group = nullptr);
+std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model, const optim::Optimizer& optimizer,
+                           const std::string& recipe_yaml, const std::string& tokenizer_path, int64_t keep, dist::Group* group = nullptr);
 
 // Removes out_dir's checkpoint folders still under their temporary name (".step-N.tmp-PID") whose
 // writer is dead, as a kill mid-save leaves them; a live process's are left alone. Returns how many.
@@ -50,8 +49,7 @@ std::string latest_checkpoint(const std::string& out_dir);
 // checkpoint is validated whole (trainer_state.json's fields against max_step, the folder's name and
 // the generator; an optimizer state for every parameter once step > 0) or refused with
 // std::invalid_argument naming the file and the field.
-RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer,
-                        int64_t max_step);
+RunState load_run_state(const std::string& checkpoint_dir, models::DecoderImpl& model, optim::Optimizer& optimizer, int64_t max_step);
 // trainer_state.json alone, with the checks above.
 RunState read_trainer_state(const std::string& checkpoint_dir, int64_t max_step = INT64_MAX);
 

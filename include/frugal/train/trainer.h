@@ -31,16 +31,16 @@ namespace train {
 
 // Where the run stands after a step, for a progress display.
 struct StepProgress {
-  int64_t step = 0;                   // steps done (the step just run, counted from 1)
-  int64_t total_steps = 0;            // train.steps (train.epochs resolved)
-  double loss = 0;                    // of the step just run
-  double lr = 0;                      // the learning rate now (the next step's)
-  double tokens_per_s = 0;            // since this run started (or resumed); with examples, tokens that are not padding
-  double interval_tokens_per_s = 0;   // since the previous step at the log interval
-  int64_t live_bytes = 0;             // tracked memory now
-  int64_t peak_bytes = 0;             // the tracker's peak so far
-  double eta_s = 0;                   // to total_steps, at tokens_per_s
-  bool at_log_interval = false;       // step is a multiple of train.log_interval, or the last
+  int64_t step = 0;                  // steps done (the step just run, counted from 1)
+  int64_t total_steps = 0;           // train.steps (train.epochs resolved)
+  double loss = 0;                   // of the step just run
+  double lr = 0;                     // the learning rate now (the next step's)
+  double tokens_per_s = 0;           // since this run started (or resumed); with examples, tokens that are not padding
+  double interval_tokens_per_s = 0;  // since the previous step at the log interval
+  int64_t live_bytes = 0;            // tracked memory now
+  int64_t peak_bytes = 0;            // the tracker's peak so far
+  double eta_s = 0;                  // to total_steps, at tokens_per_s
+  bool at_log_interval = false;      // step is a multiple of train.log_interval, or the last
 };
 
 using LogFn = std::function<void(const std::string&)>;
@@ -48,12 +48,12 @@ using ProgressFn = std::function<void(const StepProgress&)>;
 
 // How run_training runs a recipe: resuming, progress, stopping early, memory tracking and limits, data parallelism.
 struct TrainOptions {
-  TORCH_ARG(bool, resume) = false;        // continue from out_dir/latest when it exists
-  TORCH_ARG(ProgressFn, on_progress) = nullptr;  // called after every step; null: no progress
-  TORCH_ARG(bool, sample) = true;         // generate from train.sample_prompt at the end
-  TORCH_ARG(int64_t, stop_after) = -1;    // stop (with a checkpoint) once this step is done; -1: train.steps
-  TORCH_ARG(bool, keep_events) = false;   // keep the allocation timeline (exact categories; memory grows with the run)
-  TORCH_ARG(int64_t, memory_limit) = 0;   // bytes; > 0: stop with an explanation once live memory exceeds it
+  TORCH_ARG(bool, resume) = false;                      // continue from out_dir/latest when it exists
+  TORCH_ARG(ProgressFn, on_progress) = nullptr;         // called after every step; null: no progress
+  TORCH_ARG(bool, sample) = true;                       // generate from train.sample_prompt at the end
+  TORCH_ARG(int64_t, stop_after) = -1;                  // stop (with a checkpoint) once this step is done; -1: train.steps
+  TORCH_ARG(bool, keep_events) = false;                 // keep the allocation timeline (exact categories; memory grows with the run)
+  TORCH_ARG(int64_t, memory_limit) = 0;                 // bytes; > 0: stop with an explanation once live memory exceeds it
   TORCH_ARG(std::vector<int64_t>, capture_steps) = {};  // with keep_events: full events only for these steps
   // Data parallel: this process is one rank of the group. Each rank trains on its share of every
   // batch (train.batch_size / world size rows), gradients are averaged, optimizer state is sharded
@@ -73,48 +73,48 @@ struct MemoryLimitExceeded : std::runtime_error {
 // its transfers and page faults) and left out of backward_s.
 struct StepTiming {
   double forward_s = 0;
-  double backward_s = 0;   // backward with the recompute of checkpointed blocks
-  double optimizer_s = 0;  // every parameter update of the step, wherever it ran
-  double state_io_s = 0;   // of optimizer_s: moving state chunks between their place and the device
+  double backward_s = 0;     // backward with the recompute of checkpointed blocks
+  double optimizer_s = 0;    // every parameter update of the step, wherever it ran
+  double state_io_s = 0;     // of optimizer_s: moving state chunks between their place and the device
   int64_t major_faults = 0;  // pages the step read from disk (mapped state paged in, among others)
-  double total_s = 0;      // the whole step, batch and bookkeeping included
-  int64_t tokens = 0;      // the step's tokens (every rank's); with examples, those that are not padding
+  double total_s = 0;        // the whole step, batch and bookkeeping included
+  int64_t tokens = 0;        // the step's tokens (every rank's); with examples, those that are not padding
 };
 
 // What an examples run read and how it batches them (empty for text).
 struct ExampleReport {
   int64_t train_examples = 0, val_examples = 0;
-  int64_t skipped = 0;               // bad examples skipped (data.bad_examples: skip) when the files were made
+  int64_t skipped = 0;                 // bad examples skipped (data.bad_examples: skip) when the files were made
   int64_t truncated = 0, dropped = 0;  // training examples over train.seq_len, per epoch
   int64_t steps_per_epoch = 0;
-  double padding_share = 0;          // of the training rows' tokens over an epoch
-  int64_t label_tokens = 0;          // tokens with loss over the steps run here
-  int64_t real_tokens = 0;           // tokens that are not padding over the steps run here
-  int64_t processed_tokens = 0;      // the rows' tokens, padding included, over the steps run here (what the model computed)
+  double padding_share = 0;      // of the training rows' tokens over an epoch
+  int64_t label_tokens = 0;      // tokens with loss over the steps run here
+  int64_t real_tokens = 0;       // tokens that are not padding over the steps run here
+  int64_t processed_tokens = 0;  // the rows' tokens, padding included, over the steps run here (what the model computed)
 };
 
 // What a training run did and measured: steps, losses, timings, memory peaks and estimates, outputs.
 struct TrainResult {
-  int64_t first_step = 0;          // 0, or the step resumed from
+  int64_t first_step = 0;  // 0, or the step resumed from
   int64_t last_step = 0;
-  int64_t total_steps = 0;         // train.steps, or train.epochs x the steps of an epoch
-  ExampleReport examples;          // data.format examples only
+  int64_t total_steps = 0;  // train.steps, or train.epochs x the steps of an epoch
+  ExampleReport examples;   // data.format examples only
   // Tokens a second over the steps run here: with examples, the tokens that are not padding.
-  std::vector<double> losses;      // of the steps run here
-  std::vector<StepTiming> timings; // of the steps run here
-  double val_loss = 0;             // at the end
+  std::vector<double> losses;       // of the steps run here
+  std::vector<StepTiming> timings;  // of the steps run here
+  double val_loss = 0;              // at the end
   double tokens_per_s = 0;
   int64_t n_params = 0;
-  int64_t vocab_size = 0;          // the model's (the tokenizer's when the recipe says 0)
+  int64_t vocab_size = 0;                     // the model's (the tokenizer's when the recipe says 0)
   at::ScalarType compute_dtype = at::kFloat;  // the matrix products' precision (resolve_compute_dtype)
-  int64_t recomputed_blocks = 0;   // blocks whose forward backward runs again (policy or budget plan)
-  memory::PeakReport peak;         // over every step run here (memory::peak_over_steps; covers_* say which)
-  MemoryEstimate estimate;         // this recipe
-  MemoryEstimate estimate_plain;   // the same job with the techniques off
-  std::string sample;              // generated text
-  std::string checkpoint;          // the last checkpoint written (or resumed from)
-  bool already_complete = false;   // resumed at or past the stop step: nothing was run or written
-  std::shared_ptr<memory::Tracker> tracker;  // the run's allocation tracker
+  int64_t recomputed_blocks = 0;              // blocks whose forward backward runs again (policy or budget plan)
+  memory::PeakReport peak;                    // over every step run here (memory::peak_over_steps; covers_* say which)
+  MemoryEstimate estimate;                    // this recipe
+  MemoryEstimate estimate_plain;              // the same job with the techniques off
+  std::string sample;                         // generated text
+  std::string checkpoint;                     // the last checkpoint written (or resumed from)
+  bool already_complete = false;              // resumed at or past the stop step: nothing was run or written
+  std::shared_ptr<memory::Tracker> tracker;   // the run's allocation tracker
   // The kernel's count right after the last step (model and state still alive), and the tracker's
   // live bytes at that moment: what the tracker does not see is the difference.
   memory::ProcessMemory process_after_steps;
@@ -130,13 +130,12 @@ struct TrainResult {
 // What prepare_data made or found: the tokenizer and data files, and the vocabulary size.
 struct PreparedData {
   std::string tokenizer_path;
-  std::string tokens_path;       // the token file, or the training examples file
-  std::string val_examples_path; // examples with data.validation: its examples file ("": held out of tokens_path)
+  std::string tokens_path;        // the token file, or the training examples file
+  std::string val_examples_path;  // examples with data.validation: its examples file ("": held out of tokens_path)
   int64_t vocab_size = 0;
-  data::ExampleStats made, val_made;  // examples tokenized by this call (zero when the files were current)
+  data::ExampleStats made, val_made;                // examples tokenized by this call (zero when the files were current)
   std::optional<data::ChatTemplate> chat_template;  // examples: the template they were rendered with
 };
-
 
 // Makes the tokenizer and the token file (or the examples files) when missing or made with another
 // tokenizer or other example options; `log` gets progress lines.
