@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <fstream>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 
 namespace frugal {
 namespace bench {
@@ -38,7 +38,7 @@ double measure_bf16_matmul_gflops(int64_t n, double min_seconds) { return matmul
 
 double measure_compute_matmul_gflops(at::ScalarType compute, int64_t n, double min_seconds) {
   if (compute != at::kBFloat16) return measure_matmul_gflops(n, min_seconds);
-  checkpoint::ComputeThreadsGuard threads(c10::kCPU, compute);
+  precision::ComputeThreadsGuard threads(c10::kCPU, compute);
   return measure_bf16_matmul_gflops(n, min_seconds);
 }
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/checkpoint/selective.h"
 #include "frugal/memory/tracker.h"
 
@@ -76,7 +76,7 @@ struct Region : torch::CustomClassHolder {
   detail::LinearCache kept;
   int64_t tail_calls = 0;  // checkpoint::tail_linear calls in the forward
   RngSnapshot rng;
-  AutocastState autocast;                  // the forward's mixed-precision state, re-entered for the recompute
+  precision::AutocastState autocast;       // the forward's mixed-precision state, re-entered for the recompute
   std::vector<at::Tensor> buffers_before;  // buffer values when the forward started
   std::vector<OutputSignature> outputs;
 };
@@ -133,7 +133,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<at::Tensor> inputs(tensors.begin(), tensors.begin() + region->n_inputs);
     const CheckpointOptions& opt = region->options;
     if (opt.preserve_rng_state()) region->rng = RngSnapshot::capture(tensors.vec());
-    region->autocast = AutocastState::current();
+    region->autocast = precision::AutocastState::current();
     for (const at::Tensor& b : opt.buffers()) region->buffers_before.push_back(b.defined() ? b.clone() : b);
     std::vector<at::Tensor> outputs;
     {
@@ -192,7 +192,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // backward() is usually called outside the autocast scope the forward ran in: a recompute
       // under the caller's state would rebuild the region in another precision (fp32 products for
       // a bf16 forward) and its gradients would not be the forward's.
-      AutocastGuard autocast(region->autocast);
+      precision::AutocastGuard autocast(region->autocast);
       region->kept.mode = detail::LinearCache::Mode::replay;
       region->kept.next = 0;
       detail::LinearCacheScope cache_scope(opt.keep_linear_outputs() ? &region->kept : nullptr);

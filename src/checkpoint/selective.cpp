@@ -5,7 +5,7 @@
 #include <atomic>
 #include <chrono>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/checkpoint/checkpoint.h"
 
 namespace frugal {
@@ -75,7 +75,7 @@ class KeptLinear : public torch::autograd::Function<KeptLinear> {
 // multiplies what the forward's product multiplied. kept: the output, or undefined for zeros of
 // its shape and dtype that take no memory (one element, expanded).
 at::Tensor known_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor kept) {
-  const at::ScalarType compute = compute_dtype_for(weight);
+  const at::ScalarType compute = precision::compute_dtype_for(weight);
   auto cast = [compute](const at::Tensor& t) { return t.defined() && t.scalar_type() != compute ? t.to(compute) : t; };
   if (!kept.defined()) {
     std::vector<int64_t> shape = x.sizes().vec();

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/loss/cross_entropy_rows.h"
 
 namespace frugal {
@@ -90,9 +90,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
                                const c10::optional<at::Tensor>& maybe_bias, const at::Tensor& targets, int64_t chunk, int64_t ignore_index,
                                bool mean, int64_t count, bool keep_logits) {
     const at::Tensor bias = maybe_bias.has_value() ? *maybe_bias : at::Tensor();
-    const at::ScalarType compute = checkpoint::compute_dtype_for(weight);
+    const at::ScalarType compute = precision::compute_dtype_for(weight);
     // The products' dtype is fixed here and in backward, whatever autocast state either runs under.
-    checkpoint::AutocastGuard explicit_dtypes(checkpoint::AutocastState::off());
+    precision::AutocastGuard explicit_dtypes(precision::AutocastState::off());
     const at::Tensor w = in_dtype(weight, compute);  // one cast for every chunk
     const int64_t N = hidden.size(0), V = weight.size(0), rows = std::min(chunk, N);
     // One chunk's logits, reused by every chunk (and the product before it is widened to fp32).
@@ -129,7 +129,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const int64_t chunk = ctx->saved_data["chunk"].toInt(), ignore_index = ctx->saved_data["ignore_index"].toInt();
     const int64_t count = ctx->saved_data["count"].toInt();
     const auto compute = static_cast<at::ScalarType>(ctx->saved_data["compute"].toInt());
-    checkpoint::AutocastGuard explicit_dtypes(checkpoint::AutocastState::off());
+    precision::AutocastGuard explicit_dtypes(precision::AutocastState::off());
     // d loss / d logit = (softmax - onehot(target)) * scale, zero for ignored tokens. With no
     // counted token the mean's scale is infinite, and every row is ignored: the gradients are 0.
     at::Tensor scale = grads[0].to(at::kFloat);

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/checkpoint/selective.h"
 #include "frugal/loss/chunked_cross_entropy.h"
 #include "frugal/models/activation_bytes.h"
@@ -87,7 +87,7 @@ class RMSNormFn : public torch::autograd::Function<RMSNormFn> {
     ctx->save_for_backward({x, weight, r});
     // Under autocast the output goes straight to the products' dtype (normalised and scaled in
     // fp32, rounded once): the only copy the next matrix products read and keep.
-    const at::ScalarType out = checkpoint::compute_dtype_for(x);
+    const at::ScalarType out = precision::compute_dtype_for(x);
     if (out != x.scalar_type()) return {(xf * r * weight.to(at::kFloat)).to(out)};
     return {(xf * r).to(x.scalar_type()) * weight};
   }
@@ -360,7 +360,7 @@ class LlamaForCausalLM : public DecoderImpl {
     // The layout every block reads, made once: rotary tables (B, T, hd) at the restarted
     // positions, and the mask in the form the kernel keeps least of (attention.h).
     const auto [cos, sin] = rotary_tables_at(segment_positions(segments), config_.head_dim(), config_);
-    const at::Tensor mask = attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
+    const at::Tensor mask = attention_mask_for(config_.attention, segment_attention_mask(segments), precision::compute_dtype_for(x));
     std::vector<checkpoint::UnaryFn> forwards;
     for (LlamaDecoderLayer b : model->blocks) {
       forwards.push_back([b, c = cos, s = sin, mask](const at::Tensor& h) mutable { return b->forward_packed(h, c, s, mask); });
@@ -485,7 +485,7 @@ class GPT2LMHead : public DecoderImpl {
     // wpe at each token's restarted position (its (B, T) indices kept for wpe's backward); the
     // mask made once, in the form the kernel keeps least of (attention.h)
     const at::Tensor x = transformer->wte->forward(tokens) + transformer->wpe->forward(segment_positions(segments));
-    const at::Tensor mask = attention_mask_for(config_.attention, segment_attention_mask(segments), checkpoint::compute_dtype_for(x));
+    const at::Tensor mask = attention_mask_for(config_.attention, segment_attention_mask(segments), precision::compute_dtype_for(x));
     std::vector<checkpoint::UnaryFn> forwards;
     for (GPT2Block b : transformer->blocks) {
       forwards.push_back([b, mask](const at::Tensor& h) mutable { return b->forward_packed(h, mask); });

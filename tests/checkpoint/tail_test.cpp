@@ -4,12 +4,14 @@
 // is skipped, strict regions skip none, and the planner counts the saving.
 #include <gtest/gtest.h>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/checkpoint/planner.h"
 #include "frugal/checkpoint/selective.h"
 
 using namespace frugal;
 using namespace frugal::checkpoint;
+using frugal::precision::AutocastGuard;
+using frugal::precision::AutocastState;
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/checkpoint/planner.h"
 #include "frugal/memory/tracker.h"
 #include "frugal/models/activation_bytes.h"
@@ -108,11 +108,11 @@ struct Result {
 
 // The summed loss of the batch and every parameter's gradient, the forward under `autocast`.
 Result run(models::DecoderImpl& m, const Batch& b, models::LossOptions opt,
-           const checkpoint::AutocastState& autocast = checkpoint::AutocastState::off()) {
+           const precision::AutocastState& autocast = precision::AutocastState::off()) {
   for (auto& p : m.parameters()) p.mutable_grad().reset();
   at::Tensor loss;
   {
-    checkpoint::AutocastGuard guard(autocast);
+    precision::AutocastGuard guard(autocast);
     loss = m.loss(b.tokens, b.targets, opt.reduction(loss::Reduction::sum), b.segments);
   }
   loss.backward();
@@ -217,7 +217,7 @@ TEST(Packing, PackedEqualsUnpackedInFloat32) {
 // rounding; the packed and the unpacked rows round different sums of the same values; measured
 // at most 4.3e-3 on the gradients, where fp32 shows 4e-7).
 TEST(Packing, PackedEqualsUnpackedUnderBFloat16Autocast) {
-  const auto bf16 = checkpoint::AutocastState::compute(c10::kCPU, at::kBFloat16);
+  const auto bf16 = precision::AutocastState::compute(c10::kCPU, at::kBFloat16);
   for (DecoderConfig c : configs()) {
     for (AttentionKernel kernel : models::available_attention_kernels()) {
       c.attention = kernel;
@@ -361,8 +361,8 @@ int64_t forward_kept(models::DecoderImpl& m, const at::Tensor& tokens, const at:
   auto tracker = memory::Tracker::create();
   at::Tensor y;
   {
-    checkpoint::AutocastGuard guard(autocast ? checkpoint::AutocastState::compute(c10::kCPU, at::kBFloat16)
-                                             : checkpoint::AutocastState::off());
+    precision::AutocastGuard guard(autocast ? precision::AutocastState::compute(c10::kCPU, at::kBFloat16)
+                                            : precision::AutocastState::off());
     memory::TrackingGuard on(tracker);
     memory::PhaseScope fw(memory::Phase::forward);
     y = m.hidden_states(tokens, segments);

@@ -27,7 +27,7 @@ std::string slow_blas_warning(const std::string& blas_library);
 // bf16 (n x n) @ (n x n) on CPU (oneDNN's bf16 kernels where LibTorch routes them), like the above.
 double measure_bf16_matmul_gflops(int64_t n = 1024, double min_seconds = 0.5);
 // The matmul speed a training run computing in `compute` gets: bf16 (with the thread pools such a
-// run uses, checkpoint::ComputeThreadsGuard) or fp32.
+// run uses, precision::ComputeThreadsGuard) or fp32.
 double measure_compute_matmul_gflops(at::ScalarType compute, int64_t n = 1024, double min_seconds = 0.5);
 
 }  // namespace bench

@@ -7,7 +7,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/torch.h>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/checkpoint/checkpoint.h"
 #include "frugal/checkpoint/policy.h"
 #include "frugal/checkpoint/selective.h"
@@ -15,8 +15,8 @@
 #include "frugal/models/decoder.h"
 
 using namespace frugal;
-using checkpoint::AutocastGuard;
-using checkpoint::AutocastState;
+using precision::AutocastGuard;
+using precision::AutocastState;
 
 namespace {
 
@@ -76,11 +76,11 @@ TEST(Autocast, GuardSetsAndRestoresTheThreadsState) {
     const at::Tensor a = torch::randn({8, 8}), b = torch::randn({8, 8});
     EXPECT_EQ(at::mm(a, b).scalar_type(), at::kBFloat16);  // products in bf16
     EXPECT_EQ((a + b).scalar_type(), at::kFloat);          // everything else as it was
-    EXPECT_EQ(checkpoint::compute_dtype_for(a), at::kBFloat16);
+    EXPECT_EQ(precision::compute_dtype_for(a), at::kBFloat16);
     {
       AutocastGuard off(AutocastState::off());
       EXPECT_EQ(at::mm(a, b).scalar_type(), at::kFloat);
-      EXPECT_EQ(checkpoint::compute_dtype_for(a), at::kFloat);
+      EXPECT_EQ(precision::compute_dtype_for(a), at::kFloat);
     }
     EXPECT_EQ(AutocastState::current(), kBf16);
   }
@@ -92,7 +92,7 @@ TEST(Autocast, GuardSetsAndRestoresTheThreadsState) {
 
 TEST(Autocast, FastBf16NamesItsReason) {
   std::string why;
-  const bool fast = checkpoint::fast_bf16(c10::kCPU, &why);
+  const bool fast = precision::fast_bf16(c10::kCPU, &why);
   EXPECT_FALSE(why.empty());
   EXPECT_NE(why.find(fast ? "has" : "neither"), std::string::npos) << why;
 }
@@ -108,7 +108,7 @@ TEST(Autocast, ComputeThreadsFollowThePrecisionAndAreRestored) {
   const auto blas = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   const int blas_before = blas ? blas() : 0;
   {
-    checkpoint::ComputeThreadsGuard fp32(c10::kCPU, at::kFloat);
+    precision::ComputeThreadsGuard fp32(c10::kCPU, at::kFloat);
     EXPECT_EQ(at::get_num_threads(), before);
     EXPECT_TRUE(fp32.describe().empty());
     if (blas) {
@@ -116,7 +116,7 @@ TEST(Autocast, ComputeThreadsFollowThePrecisionAndAreRestored) {
     }
   }
   {
-    checkpoint::ComputeThreadsGuard bf16(c10::kCPU, at::kBFloat16);
+    precision::ComputeThreadsGuard bf16(c10::kCPU, at::kBFloat16);
     EXPECT_EQ(at::get_num_threads(), std::max(before, cores));
     if (blas) {
       EXPECT_EQ(blas(), 1);
@@ -129,7 +129,7 @@ TEST(Autocast, ComputeThreadsFollowThePrecisionAndAreRestored) {
   }
   {
     ::setenv("FRUGAL_NUM_THREADS", "1", 1);  // a launcher's share caps the pool
-    checkpoint::ComputeThreadsGuard shared(c10::kCPU, at::kBFloat16);
+    precision::ComputeThreadsGuard shared(c10::kCPU, at::kBFloat16);
     EXPECT_EQ(at::get_num_threads(), before);
     ::unsetenv("FRUGAL_NUM_THREADS");
   }

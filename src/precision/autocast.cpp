@@ -1,4 +1,4 @@
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -17,7 +17,7 @@
 #endif
 
 namespace frugal {
-namespace checkpoint {
+namespace precision {
 namespace {
 
 // LibTorch 2.x takes the device as an argument; 1.13 has one function per device.
@@ -219,5 +219,5 @@ ComputeThreadsGuard::~ComputeThreadsGuard() {
   }
 }
 
-}  // namespace checkpoint
+}  // namespace precision
 }  // namespace frugal
