@@ -65,21 +65,11 @@ int64_t state_block_size(StatePrecision precision) {
 }
 
 StatePrecision effective_precision(int64_t numel, const StateOptions& o) {
-  const bool quantized = o.precision() == StatePrecision::int8 || o.precision() == StatePrecision::int4;
   // small tensors: scales would cost more than they save
-  return quantized && numel < o.min_quantized_numel() ? StatePrecision::fp32 : o.precision();
+  return is_quantized(o.precision()) && numel < o.min_quantized_numel() ? StatePrecision::fp32 : o.precision();
 }
 
 namespace {
-
-// Bytes of codes or dense values per element (int4: half a byte, counted by the callers).
-int64_t dense_bytes_per_element(StatePrecision p) {
-  switch (p) {
-    case StatePrecision::fp32: return 4;
-    case StatePrecision::bf16: return 2;
-    default: return 1;
-  }
-}
 
 // Elements per chunk of the update: options.chunk_elements, or under file placement as many as
 // fill half the window (the other moment takes the other half); whole blocks, at least one.
@@ -88,7 +78,7 @@ int64_t dense_elements_per_chunk(StatePrecision p, const StateOptions& o) {
   int64_t elements = o.chunk_elements();
   if (o.placement() == StatePlacement::file) {
     const int64_t half = std::max<int64_t>(1, o.window_bytes() / 2);
-    elements = p == StatePrecision::int4 ? half * 2 : half / dense_bytes_per_element(p);
+    elements = half / state_bits(p) * 8;  // no overflow for any window_bytes
   }
   return std::max(block, elements / block * block);
 }
@@ -111,7 +101,7 @@ void check_state_dir_space(const std::string& dir, int64_t bytes) {
   if (static_cast<double>(bytes) > free) {
     const int64_t shown = free >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(free);
     throw std::invalid_argument(dir + " has " + io::human_bytes(shown) + " free; the optimizer state files need " + io::human_bytes(bytes) +
-                                ": free space there or set optimizer.state_dir elsewhere");
+                                ": free space there or choose another folder (StateOptions::mmap_dir)");
   }
 }
 
@@ -129,18 +119,18 @@ StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& o) {
   const StatePrecision p = effective_precision(numel, o);
   StateBufferBytes b;
   int64_t dense = 0, scales = 0;
-  if (p == StatePrecision::fp32 || p == StatePrecision::bf16) {
-    dense = numel * (p == StatePrecision::fp32 ? 4 : 2);
+  if (!is_quantized(p)) {
+    dense = numel * state_bits(p) / 8;
   } else {
     const int64_t block = state_block_size(p), blocks = (numel + block - 1) / block;
-    dense = p == StatePrecision::int8 ? blocks * block : blocks * block / 2;  // codes of the padded blocks
+    dense = blocks * block * state_bits(p) / 8;  // codes of the padded blocks
     scales = blocks * 4;
   }
   b.total = dense + scales;
   b.in_files = in_files(o.placement()) ? dense : 0;
   if (o.placement() == StatePlacement::file) {
     const int64_t elements = dense_elements_per_chunk(p, o);
-    b.window = std::min(dense, p == StatePrecision::int4 ? elements / 2 : elements * dense_bytes_per_element(p));
+    b.window = std::min(dense, elements * state_bits(p) / 8);
   }
   return b;
 }
@@ -161,8 +151,7 @@ StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOpt
     case StatePrecision::bf16: dense_ = allocate(numel_, at::kBFloat16, device_); break;
     case StatePrecision::int8:
     case StatePrecision::int4: {
-      const int bits = precision_ == StatePrecision::int8 ? 8 : 4;
-      quantized_ = std::make_unique<QuantizedBuffer>(numel_, bits, block, is_signed, device_);
+      quantized_ = std::make_unique<QuantizedBuffer>(numel_, state_bits(precision_), block, is_signed, device_);
       if (in_files(placement_)) {
         quantized_->move_codes_to(allocate(quantized_->codes().numel(), at::kByte, device_));  // codes in the file
       }
@@ -199,7 +188,7 @@ at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device
   if (rc != 0) {
     ::close(fd);
     throw std::runtime_error("optimizer state: cannot reserve " + std::to_string(bytes) + " bytes in " + mmap_dir_ + " (" +
-                             std::strerror(rc) + "); free space there or set optimizer.state_dir elsewhere");
+                             std::strerror(rc) + "); free space there or choose another folder (StateOptions::mmap_dir)");
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const bool windowed = placement_ == StatePlacement::file;

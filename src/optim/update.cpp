@@ -55,6 +55,20 @@ AdamStep adam_step_of(const Hyper& h, int64_t step) {
   return AdamStep{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bias_correction1, bias_correction2, h.algorithm == Algorithm::adamw};
 }
 
+// Adam(W)'s arithmetic in ATen operations, in torch::optim's order (weight decay, both moments, the
+// update), in place on p, m and v: the path of every parameter no fused kernel takes.
+void adam_aten(const AdamStep& s, const at::Tensor& p, at::Tensor g, const at::Tensor& m, const at::Tensor& v) {
+  if (s.decoupled) {
+    if (s.weight_decay != 0) p.mul_(1 - s.lr * s.weight_decay);
+  } else if (s.weight_decay != 0) {
+    g = g.add(p, s.weight_decay);
+  }
+  m.mul_(s.beta1).add_(g, 1 - s.beta1);
+  v.mul_(s.beta2).addcmul_(g, g, 1 - s.beta2);
+  const at::Tensor denom = (v.sqrt() / std::sqrt(s.bias_correction2)).add_(s.eps);
+  p.addcdiv_(m, denom, -s.lr / s.bias_correction1);
+}
+
 // How the fused kernels round a bf16 parameter: stochastically with one seed per update, drawn from
 // the default generator (which run checkpoints save), when asked; to nearest even otherwise.
 Bf16Rounding rounding_of(const Hyper& h, const at::Tensor& param) {
@@ -95,8 +109,6 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     state.m = std::make_shared<StateBuffer>(param, /*is_signed=*/true, h.state);
     state.v = std::make_shared<StateBuffer>(param, /*is_signed=*/false, h.state);
   }
-  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(state.step));
-  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(state.step));
   const int64_t n = param.numel(), chunk = state.m->chunk();
   TORCH_CHECK(param.is_contiguous(), "optimizer: parameters must be contiguous");
   at::Tensor p_flat = param.view({-1});
@@ -147,17 +159,8 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     const Window window(state, b, e);
     at::Tensor p_view = p_flat.narrow(0, b, e - b);
     at::Tensor p = fp32_param ? p_view : p_view.to(at::kFloat);  // (e - b)
-    at::Tensor g = g_flat.narrow(0, b, e - b).to(at::kFloat);
-    if (h.algorithm == Algorithm::adamw) {
-      if (h.weight_decay != 0) p.mul_(1 - h.lr * h.weight_decay);
-    } else if (h.weight_decay != 0) {
-      g = g.add(p, h.weight_decay);
-    }
-    at::Tensor m = state.m->load(b, e, param.device()), v = state.v->load(b, e, param.device());
-    m.mul_(h.beta1).add_(g, 1 - h.beta1);
-    v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
-    const at::Tensor denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(h.eps);
-    p.addcdiv_(m, denom, -h.lr / bias_correction1);
+    const at::Tensor m = state.m->load(b, e, param.device()), v = state.v->load(b, e, param.device());
+    adam_aten(adam_step_of(h, state.step), p, g_flat.narrow(0, b, e - b).to(at::kFloat), m, v);
     state.m->store(b, e, m);
     state.v->store(b, e, v);
     if (!fp32_param)
@@ -206,18 +209,7 @@ void apply_update(const Hyper& h, ParamState& state, at::Tensor& param, const at
     adam_step_dense_cpu(adam_step_of(h, state.step), param, grad, state.exp_avg, state.exp_avg_sq, Bf16Rounding{});
     return;
   }
-  at::Tensor g = grad;
-  if (h.algorithm == Algorithm::adamw) {
-    if (h.weight_decay != 0) param.mul_(1 - h.lr * h.weight_decay);
-  } else if (h.weight_decay != 0) {
-    g = grad.add(param, h.weight_decay);
-  }
-  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(state.step));
-  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(state.step));
-  state.exp_avg.mul_(h.beta1).add_(g, 1 - h.beta1);
-  state.exp_avg_sq.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
-  const at::Tensor denom = (state.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(h.eps);
-  param.addcdiv_(state.exp_avg, denom, -h.lr / bias_correction1);
+  adam_aten(adam_step_of(h, state.step), param, grad, state.exp_avg, state.exp_avg_sq);
 }
 
 }  // namespace optim

@@ -82,24 +82,41 @@ std::optional<Clip> parse_clip(const std::string& name);
 // Every setting of the optimizer in one struct (what recipes fill in); AdamWOptions, AdamOptions
 // and SGDOptions convert to it.
 struct OptimizerOptions {
-  TORCH_ARG(Algorithm, algorithm) = Algorithm::adamw;
-  TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(double, weight_decay) = 0.0;
-  TORCH_ARG(double, momentum) = 0.0;   // sgd
-  TORCH_ARG(double, dampening) = 0.0;  // sgd
-  TORCH_ARG(bool, nesterov) = false;   // sgd
-  TORCH_ARG(double, beta1) = 0.9;
-  TORCH_ARG(double, beta2) = 0.999;
-  TORCH_ARG(double, eps) = 1e-8;
+  // What the update computes (the algorithm and its hyper-parameters, the state's precision and
+  // place, stochastic rounding) lives in one Hyper (update.h), the struct apply_update reads; these
+  // set and get its fields in TORCH_ARG's style. Defaults: Hyper's.
+#define FRUGAL_HYPER_ARG(T, name)                        \
+  OptimizerOptions& name(const T& value) {               \
+    hyper_.name = value;                                 \
+    return *this;                                        \
+  }                                                      \
+  const T& name() const noexcept { return hyper_.name; } \
+  T& name() noexcept { return hyper_.name; }
+  FRUGAL_HYPER_ARG(Algorithm, algorithm)
+  FRUGAL_HYPER_ARG(double, lr)
+  FRUGAL_HYPER_ARG(double, weight_decay)  // L2 for sgd and adam, decoupled for adamw
+  FRUGAL_HYPER_ARG(double, momentum)      // sgd
+  FRUGAL_HYPER_ARG(double, dampening)     // sgd
+  FRUGAL_HYPER_ARG(bool, nesterov)        // sgd
+  FRUGAL_HYPER_ARG(double, beta1)
+  FRUGAL_HYPER_ARG(double, beta2)
+  FRUGAL_HYPER_ARG(double, eps)
+  // Adam(W) state precision and place (state_buffer.h): fp32, bf16, 8-bit, 4-bit; on the
+  // parameters' device, in host memory, or in memory-mapped files.
+  FRUGAL_HYPER_ARG(StateOptions, state)
+  // bf16 parameters updated with stochastic rounding.
+  FRUGAL_HYPER_ARG(bool, stochastic_rounding)
+#undef FRUGAL_HYPER_ARG
+  // The update's settings as apply_update takes them (a group's lr and weight decay replace these).
+  const Hyper& hyper() const noexcept { return hyper_; }
+
   TORCH_ARG(Mode, mode) = Mode::standard;
   TORCH_ARG(Clip, clip) = Clip::none;
   TORCH_ARG(double, max_grad_norm) = 1.0;
   TORCH_ARG(int64_t, accumulation_steps) = 1;
-  // Adam(W) state precision and place (state_buffer.h): fp32, bf16, 8-bit, 4-bit; on the
-  // parameters' device, in host memory, or in memory-mapped files.
-  TORCH_ARG(StateOptions, state) = {};
-  // bf16 parameters updated with stochastic rounding.
-  TORCH_ARG(bool, stochastic_rounding) = false;
+
+ private:
+  Hyper hyper_;
 };
 
 // Parameters sharing a learning rate and weight decay (unset: the optimizer's). names may be left

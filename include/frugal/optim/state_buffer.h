@@ -36,6 +36,13 @@ constexpr std::array<StatePrecision, 4> kAllStatePrecisions = {StatePrecision::f
 constexpr std::array<StatePlacement, 4> kAllStatePlacements = {StatePlacement::device, StatePlacement::host, StatePlacement::mmap,
                                                                StatePlacement::file};
 
+// Bits one value takes in this precision: 32, 16, 8 or 4 (scales of the 8- and 4-bit blocks apart).
+constexpr int state_bits(StatePrecision p) {
+  return p == StatePrecision::fp32 ? 32 : p == StatePrecision::bf16 ? 16 : p == StatePrecision::int8 ? 8 : 4;
+}
+// 8- and 4-bit: codes and block scales (QuantizedBuffer); fp32 and bf16 are dense values.
+constexpr bool is_quantized(StatePrecision p) { return state_bits(p) <= 8; }
+
 // "fp32", "bf16", "int8", "int4"; parse_precision is the inverse (nullopt for any other text).
 const char* precision_name(StatePrecision p);
 std::optional<StatePrecision> parse_precision(const std::string& s);

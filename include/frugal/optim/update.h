@@ -69,7 +69,8 @@ inline bool uses_dense_kernel(at::ScalarType param_dtype, at::Device device, boo
 // "avx2" or "portable" (FRUGAL_CPU_KERNELS=portable forces the last, =avx2 stops at AVX2).
 const char* dense_cpu_kernel();
 
-// One parameter group's algorithm and hyperparameters, and how its Adam(W) state is kept.
+// One parameter group's algorithm and hyperparameters, and how its Adam(W) state is kept: the one
+// home of these settings (OptimizerOptions sets and reads them through its hyper()).
 struct Hyper {
   Algorithm algorithm = Algorithm::adamw;
   double lr = 1e-3;

@@ -1,0 +1,224 @@
+// The optimizer's runtime state (Optimizer::Impl), shared by the files that implement Optimizer:
+// optimizer.cpp (construction, both modes' step, data-parallel exchange) and optimizer_state.cpp
+// (the state dict: saving, checking and restoring it, re-sharded across world sizes). Private to
+// src/optim.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "frugal/memory/tracker.h"
+#include "frugal/optim/optimizer.h"
+
+namespace frugal {
+namespace optim {
+
+namespace detail {
+
+enum class Pass { step, measure_norm };
+
+// The clip coefficient min(1, max_norm / (norm + 1e-6)) as a tensor (no device sync).
+inline at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) { return (max_norm / (norm + 1e-6)).clamp_max(1.0); }
+
+// loss.backward() under two-pass clipping: the first gradient arrives before any norm was measured.
+// A plain std::logic_error (autograd hands it to the caller as it is), so the sentence comes
+// without a backtrace; no parameter has changed yet.
+[[noreturn]] inline void throw_two_pass_needs_backward() {
+  throw std::logic_error(
+      "optimizer: two-pass global-norm clipping measures the gradient norm in a first backward pass, so call "
+      "optimizer.backward(loss) instead of loss.backward()");
+}
+
+}  // namespace detail
+
+using detail::clip_coefficient;
+using detail::Pass;
+using detail::throw_two_pass_needs_backward;
+
+struct Optimizer::Impl {
+  OptimizerOptions options;
+  struct Param {
+    std::string name;
+    at::Tensor tensor;
+    size_t group;
+    ParamState state;
+    // The flattened elements [begin, end) this rank updates: all of them in one process; with an
+    // Exchange the owned range (nothing, all, or a slice).
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<Param> params;
+
+  static bool whole(const Param& p) { return p.begin == 0 && p.end == p.tensor.numel(); }
+  // Whether params is split over the ranks (each holds a slice): its norm is a sum over them.
+  static bool split(const Param& p) { return p.begin < p.end && !whole(p); }
+  // The part of a parameter-shaped tensor (the parameter, its gradient) this rank updates.
+  static at::Tensor own(const Param& p, const at::Tensor& t) { return whole(p) ? t : t.view({-1}).narrow(0, p.begin, p.end - p.begin); }
+  std::vector<double> group_lr, group_base_lr, group_weight_decay;
+  int64_t micro_steps = 0;
+  int64_t steps_taken = 0;
+  double last_grad_norm = NAN;
+  // in-backward
+  struct Hook {
+    // kept alive so the hook stays on it: a shared_ptr in LibTorch 1.13, an intrusive_ptr in 2.x
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>())) accumulator;
+    uintptr_t key;
+  };
+  std::vector<Hook> hooks;
+  std::vector<std::shared_ptr<const void>> code_tables;  // quantized state's shared tables, built up front
+  Pass pass = Pass::step;
+  bool norm_ready = false;
+  at::Tensor norm_sq;      // sum of squared gradient norms in the measuring pass (double)
+  at::Tensor global_coef;  // the clip coefficient for the stepping pass
+  // data parallel (exchange.h)
+  std::shared_ptr<Exchange> exchange;
+  struct Pending {
+    size_t index;
+    at::Tensor grad;  // being averaged; the parameter's .grad is already reset
+    Exchange::Wait wait;
+  };
+  std::deque<Pending> pending;  // in-backward: gradients being averaged, oldest first
+  int64_t pending_bytes = 0;
+  int64_t bytes_in_flight = kDefaultBytesInFlight;
+  std::vector<Exchange::Wait> shares;  // owners' updated parameters on their way to the other ranks
+
+  bool owns(size_t i) const { return !exchange || exchange->owns(i); }
+  bool owns(const Param& p) const { return owns(static_cast<size_t>(&p - params.data())); }
+
+  // The averaged gradient of params[i] has arrived (in-backward): the owner clips and updates, then
+  // sends the new values; the gradient is dropped either way.
+  void use_averaged(size_t i, const at::Tensor& grad) {
+    Param& p = params[i];
+    if (owns(i)) {
+      clip_and_update(p, grad);
+    }
+    shares.push_back(exchange->share_parameter(i, p.tensor));
+  }
+  void clip_and_update(Param& p, const at::Tensor& grad) {
+    const at::Tensor g = own(p, grad);
+    if (options.clip() == Clip::global_norm_two_pass) {
+      g.mul_(global_coef.to(g.scalar_type()));
+    } else if (options.clip() == Clip::per_param_norm) {
+      clip_per_param(p, g);
+    }
+    update(p, grad);
+  }
+  // g: this rank's part of p's gradient; a split parameter's norm is summed over the ranks' slices.
+  void clip_per_param(const Param& p, const at::Tensor& g) {
+    at::Tensor norm = g.norm();
+    if (split(p)) {
+      const double n = norm.item<double>();
+      norm = at::scalar_tensor(std::sqrt(exchange->sum(n * n)), g.options());
+    }
+    g.mul_(clip_coefficient(norm, options.max_grad_norm()));
+  }
+  // Waits for the oldest averages until no more than `limit` bytes are in flight.
+  void drain(int64_t limit) {
+    at::NoGradGuard no_grad;
+    while (!pending.empty() && pending_bytes > limit) {
+      Pending next = std::move(pending.front());
+      pending.pop_front();
+      pending_bytes -= next.grad.numel() * static_cast<int64_t>(next.grad.element_size());
+      next.wait();
+      use_averaged(next.index, next.grad);
+      next = Pending{};
+      exchange->release(/*wait=*/false);
+    }
+  }
+  // Every average used and every owner's values received: the parameters are the same everywhere.
+  void settle() {
+    drain(-1);
+    {
+      std::vector<Exchange::Wait> waits;
+      waits.swap(shares);
+      for (auto& w : waits) w();
+    }
+    exchange->release(/*wait=*/true);
+  }
+
+  // The options' update settings with the group's learning rate and weight decay.
+  Hyper hyper(size_t group) const {
+    Hyper h = options.hyper();
+    h.lr = group_lr[group];
+    h.weight_decay = group_weight_decay[group];
+    return h;
+  }
+
+  void update(Param& p, const at::Tensor& grad) {
+    memory::CategoryScope scope(memory::Category::optimizer_state);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto moved = [&p] { return (p.state.m ? p.state.m->transfer_seconds() : 0.0) + (p.state.v ? p.state.v->transfer_seconds() : 0.0); };
+    const double moved_before = moved();
+    at::Tensor target = own(p, p.tensor);
+    apply_update(hyper(p.group), p.state, target, own(p, grad));
+    if (p.state.m && p.state.m->windowed()) read_ahead_after(static_cast<size_t>(&p - params.data()));
+    update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state_transfer_seconds += moved() - moved_before;
+  }
+  double update_seconds = 0;
+  double state_transfer_seconds = 0;
+
+  // File placement: params[i] was just updated; the first chunk of the state of the parameter that
+  // followed it last time (in in-backward mode, the order gradients complete) is read ahead while
+  // the next gradients are computed. The last of a step is followed by the first of the next.
+  std::vector<int64_t> updated_after;  // -1: not seen yet
+  int64_t last_updated = -1;
+  void read_ahead_after(size_t i) {
+    if (updated_after.size() != params.size()) updated_after.assign(params.size(), -1);
+    if (last_updated >= 0) updated_after[static_cast<size_t>(last_updated)] = static_cast<int64_t>(i);
+    last_updated = static_cast<int64_t>(i);
+    const int64_t next = updated_after[i];
+    if (next < 0) return;
+    const ParamState& s = params[static_cast<size_t>(next)].state;
+    if (s.m && s.v) {
+      s.m->prefetch(0, s.m->chunk());
+      s.v->prefetch(0, s.v->chunk());
+    }
+  }
+
+  // The gradient of params[i] is complete (autograd accumulated it): it is a gradient from its
+  // allocation on, for the tracker; in in-backward mode it is used and freed now.
+  void on_gradient(size_t i) {
+    Param& p = params[i];
+    at::Tensor grad = p.tensor.grad();
+    if (!grad.defined()) return;
+    memory::tag(grad, memory::Category::gradient);
+    if (options.mode() != Mode::in_backward) return;
+    at::NoGradGuard no_grad;
+    if (exchange) {
+      p.tensor.mutable_grad().reset();  // the average below holds it until it is used
+      if (pass == Pass::measure_norm) {
+        exchange->average_gradient(i, grad)();
+        if (owns(i)) {
+          const at::Tensor n = own(p, grad).norm().to(at::kDouble);
+          norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
+        }
+        grad = at::Tensor();
+        exchange->release(/*wait=*/false);  // as drain does: the operation's hold on the gradient goes now
+        return;
+      }
+      if (options.clip() == Clip::global_norm_two_pass && !norm_ready) throw_two_pass_needs_backward();
+      pending.push_back({i, grad, exchange->average_gradient(i, grad)});
+      pending_bytes += grad.numel() * static_cast<int64_t>(grad.element_size());
+      drain(bytes_in_flight);  // backward goes on while the newest are on their way
+      return;
+    }
+    if (pass == Pass::measure_norm) {
+      const at::Tensor n = grad.norm().to(at::kDouble);
+      norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
+    } else {
+      if (options.clip() == Clip::global_norm_two_pass && !norm_ready) throw_two_pass_needs_backward();
+      clip_and_update(p, grad);
+    }
+    p.tensor.mutable_grad().reset();  // the whole point: the gradient is gone as soon as it is used
+  }
+};
+
+}  // namespace optim
+}  // namespace frugal
