@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "frugal/models/activation_bytes.h"
+
 namespace frugal {
 namespace cli {
 
@@ -24,9 +26,9 @@ struct UsageError : std::runtime_error {
 
 // Bounds the commands share. Counts of things (steps, runs, rounds of a benchmark) stop far past
 // any real job and early enough that sums and doubles of them cannot wrap.
-constexpr int64_t kMaxBytes = int64_t{1} << 56;  // = models::kMaxSizeBytes
-constexpr int64_t kMaxSteps = int64_t{1} << 40;  // the recipe's train.steps bound
-constexpr int64_t kMaxRanks = 4096;              // dist/: WORLD_SIZE's bound
+constexpr int64_t kMaxBytes = models::kMaxSizeBytes;  // 2^56 (64 PiB): the bound of every size frugal computes
+constexpr int64_t kMaxSteps = int64_t{1} << 40;       // the recipe's train.steps bound
+constexpr int64_t kMaxRanks = 4096;                   // dist/: WORLD_SIZE's bound
 constexpr int64_t kMaxSeed = INT64_MAX;
 constexpr int64_t kMaxRuns = 1000000;         // timed runs of a benchmark
 constexpr double kMaxTimeoutSeconds = 86400;  // a day

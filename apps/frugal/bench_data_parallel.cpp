@@ -63,9 +63,10 @@ int bench_data_parallel(int argc, char** argv) {
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }
-  if (recipe.batch_size % nproc != 0) {
-    throw UsageError("train.batch_size " + std::to_string(recipe.batch_size) + " does not split evenly over " + std::to_string(nproc) +
-                     " ranks");
+  try {
+    recipe.rows_per_rank(nproc);
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
   }
   check_recipe_inputs(recipe, /*data=*/true);
   warn_if_slow_blas();
@@ -112,7 +113,7 @@ int bench_data_parallel(int argc, char** argv) {
   const Run one = run(1, 2 * steps, "one");
   const Run short_run = run(nproc, steps, "ranks-short");
   const Run ranks = run(nproc, 2 * steps, "ranks");
-  const int64_t tokens_per_step = recipe.batch_size * recipe.optimizer.accumulation_steps() * recipe.seq_len;
+  const int64_t tokens_per_step = recipe.tokens_per_step();
   auto tokens_per_s = [&](const Run& r) { return static_cast<double>(tokens_per_step) / r.json.at("step_time_s").as_double(); };
   const int64_t param_bytes = one.json.at("by_category").at("parameter").as_int();
   // Per rank and step: the wire bytes of the extra `steps` steps, shared by the ranks.

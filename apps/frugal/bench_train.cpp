@@ -12,7 +12,7 @@
 #include "args.h"
 #include "commands.h"
 #include "frugal/bench/hardware.h"
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
@@ -84,7 +84,7 @@ int bench_train(int argc, char** argv) {
   const train::Recipe on32 = with_compute(on, train::ComputeDtype::fp32), on16 = with_compute(on, train::ComputeDtype::bf16);
   const train::Recipe off32 = train::without_techniques(on32), off16 = train::without_techniques(on16);
   std::string bf16_why;
-  const bool fast_bf16 = checkpoint::fast_bf16(on.device.type(), &bf16_why);
+  const bool fast_bf16 = precision::fast_bf16(on.device.type(), &bf16_why);
   const bool with_bf16 = bf16 == "on" || (bf16 == "auto" && fast_bf16);
   TrainProgress shown("frugal bench train: ", /*bar=*/false);
   const train::LogFn log = shown.log();
@@ -100,7 +100,7 @@ int bench_train(int argc, char** argv) {
   // Each corner reports its fastest run of `rounds` (by the median step after the first, which
   // warms the allocator and the kernels up): on a shared machine a neighbour's burst slows whole
   // runs, and the fastest of a few interleaved runs is what the code costs.
-  const double tokens_per_step = static_cast<double>(on.batch_size * on.optimizer.accumulation_steps() * on.seq_len);
+  const double tokens_per_step = static_cast<double>(on.tokens_per_step());
   auto median_step_s = [&](const train::TrainResult& r) {
     std::vector<double> t;
     for (size_t i = 1; i < r.timings.size(); ++i) t.push_back(r.timings[i].total_s);

@@ -246,7 +246,10 @@ void check_recipe_inputs(const train::Recipe& r, bool data) {
   }
 }
 
-int run_train(int argc, char** argv) {
+namespace {
+
+// frugal train's flags.
+struct TrainFlags {
   std::string recipe_arg, json_out;
   std::vector<std::string> overrides;
   bool resume = false, dry_run = false, list_keys = false;
@@ -254,32 +257,55 @@ int run_train(int argc, char** argv) {
   int64_t memory_limit = -1;
   int64_t stop_after = -1;
   std::string trace_out, trace_steps;
+  std::vector<int64_t> capture;  // --trace-steps, parsed
   int64_t nproc = 1;
   double dist_timeout = 300;
+};
+
+// --trace-steps "0,1,100": step numbers, refused before any work.
+std::vector<int64_t> parse_trace_steps(const std::string& text) {
+  std::vector<int64_t> steps;
+  if (text.empty()) return steps;
+  std::stringstream list(text + ",");  // "1," is an empty item, as ",1" is
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    const std::optional<int64_t> step = io::to_int(item);
+    if (!step || *step < 0 || *step > kMaxSteps) {
+      throw UsageError("--trace-steps takes step numbers (" + io::int_range(0, kMaxSteps) + " each) separated by commas, not " +
+                       io::quote_text(text));
+    }
+    steps.push_back(*step);
+  }
+  return steps;
+}
+
+// The flags parsed and checked; nullopt when the command is done (--help, --list-keys).
+std::optional<TrainFlags> parse_train_flags(int argc, char** argv) {
+  TrainFlags f;
   Args args("train", std::string("Train or fine-tune a decoder language model from a YAML recipe (a path, or a shipped recipe:\n") +
                          kShippedRecipes + "). Any recipe key can be overridden as section.key=value.");
-  args.add_positional("RECIPE", &recipe_arg, "recipe file or shipped recipe name");
-  args.add_rest(&overrides, "section.key=value");
-  args.add_flag("resume", &resume, "continue from the last checkpoint in train.out_dir (exactly as if never stopped)");
-  args.add_flag("dry-run", &dry_run, "estimate the peak memory per category without allocating the model, then stop");
-  args.add_output("json-out", &json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
-  args.add_string("progress", &progress, "auto (a bar on a terminal), bar or lines", "MODE");
-  args.add_flag("list-keys", &list_keys, "print every recipe key with its type, default and meaning, and stop");
-  args.add_output("trace-out", &trace_out,
+  args.add_positional("RECIPE", &f.recipe_arg, "recipe file or shipped recipe name");
+  args.add_rest(&f.overrides, "section.key=value");
+  args.add_flag("resume", &f.resume, "continue from the last checkpoint in train.out_dir (exactly as if never stopped)");
+  args.add_flag("dry-run", &f.dry_run, "estimate the peak memory per category without allocating the model, then stop");
+  args.add_output("json-out", &f.json_out, "also write the summary (or the dry-run estimate) as JSON", "FILE");
+  args.add_string("progress", &f.progress, "auto (a bar on a terminal), bar or lines", "MODE");
+  args.add_flag("list-keys", &f.list_keys, "print every recipe key with its type, default and meaning, and stop");
+  args.add_output("trace-out", &f.trace_out,
                   "write the allocation timeline (JSON, for frugal report); bound it on long runs with --trace-steps", "FILE");
-  args.add_bytes("memory-limit", &memory_limit,
+  args.add_bytes("memory-limit", &f.memory_limit,
                  "stop cleanly once live memory exceeds this, saying what holds it and which techniques would fit", 1);
-  args.add_int("stop-after", &stop_after,
+  args.add_int("stop-after", &f.stop_after,
                "stop at this step of train.steps (counted from step 0, also when resumed), with a checkpoint "
                "(the schedule stays train.steps long); --resume continues",
                1, kMaxSteps);
-  args.add_string("trace-steps", &trace_steps,
+  args.add_string("trace-steps", &f.trace_steps,
                   "with --trace-out: full events only for these steps (e.g. 0,1,100); every step still gets a summary", "LIST");
-  args.add_int("nproc", &nproc,
+  args.add_int("nproc", &f.nproc,
                "data parallel: start this many local ranks (processes), each training on train.batch_size / N rows of every "
                "batch with 1/N of the optimizer state; under torchrun (WORLD_SIZE set) leave it out",
                1, kMaxRanks);
-  args.add_double("dist-timeout", &dist_timeout,
+  args.add_double("dist-timeout", &f.dist_timeout,
                   "data parallel: seconds joining the ranks or one collective may take before the run stops with an error", 1,
                   kMaxTimeoutSeconds, "SECONDS");
   // RECIPE is optional with --list-keys
@@ -289,154 +315,107 @@ int run_train(int argc, char** argv) {
         std::cout << k.key << "  (" << k.type << "; default " << (k.default_value.empty() ? "\"\"" : k.default_value) << ")\n    "
                   << k.meaning << "\n";
       }
-      return 0;
+      return std::nullopt;
     }
   }
-  if (!args.parse(argc, argv, 2)) return 0;
-  std::vector<int64_t> capture;  // --trace-steps, refused before any work
-  if (!trace_steps.empty()) {
-    std::stringstream list(trace_steps + ",");  // "1," is an empty item, as ",1" is
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      const std::optional<int64_t> step = io::to_int(item);
-      if (!step || *step < 0 || *step > kMaxSteps) {
-        throw UsageError("--trace-steps takes step numbers (" + io::int_range(0, kMaxSteps) + " each) separated by commas, not " +
-                         io::quote_text(trace_steps));
-      }
-      capture.push_back(*step);
-    }
+  if (!args.parse(argc, argv, 2)) return std::nullopt;
+  f.capture = parse_trace_steps(f.trace_steps);
+  if (f.progress != "auto" && f.progress != "bar" && f.progress != "lines") {
+    throw UsageError("--progress must be auto, bar or lines, got '" + f.progress + "'");
   }
-  if (progress != "auto" && progress != "bar" && progress != "lines")
-    throw UsageError("--progress must be auto, bar or lines, got '" + progress + "'");
-  train::Recipe recipe;
+  return f;
+}
+
+// --dry-run: the estimate with the recipe's techniques and with every technique off, printed and
+// (with --json-out) written, without allocating the model.
+int dry_run(const train::Recipe& recipe, const TrainFlags& flags, const train::DataParallel& dp) {
+  int64_t vocab = recipe.model.vocab_size;
+  if (vocab == 0) {
+    if (!is_file(recipe.tokenizer)) {
+      throw UsageError("model.vocab_size is 0 (take it from the tokenizer) but " + recipe.tokenizer +
+                       " does not exist yet: set model.vocab_size or train the tokenizer first");
+    }
+    vocab = data::Tokenizer::load(recipe.tokenizer).vocab_size();
+  }
+  train::MemoryEstimate est, plain;
   try {
-    recipe = train::load_recipe(resolve_recipe(recipe_arg), overrides);
+    est = train::estimate_training_memory(recipe, vocab, dp);
+    plain = train::estimate_training_memory(train::without_techniques(recipe), vocab, dp);
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }
-  if (!dry_run) check_recipe_inputs(recipe, /*data=*/true);  // a dry run estimates any device's memory, on any machine
-  std::optional<dist::Environment> env;
-  try {
-    env = dist::environment_from_variables();
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+  const at::ScalarType compute = train::resolve_compute_dtype(recipe);
+  std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters (" << train::dtype_name(recipe.dtype)
+            << (compute != recipe.dtype ? std::string(", ") + train::dtype_name(compute) + " products" : "") << "), batch "
+            << recipe.batch_size << " x " << recipe.seq_len << " tokens";
+  if (dp.world_size > 1) {
+    std::cout << " over " << dp.world_size << " ranks (per rank: rank " << dp.rank << ", " << recipe.rows_per_rank(dp.world_size)
+              << " rows)";
   }
-  if (nproc > 1 && env) throw UsageError("--nproc starts its own ranks; leave it out when a launcher (torchrun) has set WORLD_SIZE");
-  const int64_t world = env ? env->world_size : nproc;
-  if (recipe.batch_size % world != 0) {
-    throw UsageError("train.batch_size " + std::to_string(recipe.batch_size) + " does not split evenly over " + std::to_string(world) +
-                     " ranks: each rank trains on an equal share of every batch");
+  std::cout << "\n";
+  // The architecture and where each value came from (init_from's config.json, the recipe, a default).
+  std::cout << "model:";
+  for (const auto& [key, source] : recipe.model_sources) {
+    std::string value = train::recipe_value(recipe, key);
+    if (key == "model.vocab_size" && value == "0") value = std::to_string(vocab) + " (the tokenizer's)";
+    std::cout << " " << key.substr(6) << "=" << value << " (" << source << ")";
   }
+  const models::DecoderConfig& m = recipe.model;
+  std::cout << "\n  head_dim=" << m.head_dim() << " activation=" << m.resolved_activation() << " rope=" << m.rope_scaling.type
+            << (m.rope_scaling.type != "default" ? " x" + train::recipe_number(m.rope_scaling.factor) : std::string())
+            << " attention_bias=" << (m.attention_bias ? "true" : "false") << " mlp_bias=" << (m.mlp_bias ? "true" : "false")
+            << (recipe.init_from.empty() ? "" : " (from " + recipe.init_from + "/config.json)") << "\n";
+  print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
+  print_state_placement(std::cout, recipe, est);
+  print_estimate_table(std::cout, "estimated peak with every technique off:", plain, nullptr);
+  if (!flags.json_out.empty()) {
+    std::ostringstream json;
+    io::JsonWriter w(json);
+    w.begin_object().key("recipe").value(recipe.name).key("n_params").value(est.n_params);
+    w.key("compute_dtype").value(train::dtype_name(compute));
+    // The estimate's keys at the top level (as before), and the same object again as "estimate".
+    w.key("peak_bytes").value(est.peak_bytes).key("by_category").begin_object();
+    for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(est.by_category[static_cast<int>(c)]);
+    w.end_object().key("estimate");
+    write_estimate(w, est);
+    w.key("techniques_off");
+    write_estimate(w, plain);
+    w.end_object();
+    write_output(flags.json_out, json.str());
+  }
+  return 0;
+}
 
-  if (dry_run) {
-    int64_t vocab = recipe.model.vocab_size;
-    if (vocab == 0) {
-      if (!is_file(recipe.tokenizer)) {
-        throw UsageError("model.vocab_size is 0 (take it from the tokenizer) but " + recipe.tokenizer +
-                         " does not exist yet: set model.vocab_size or train the tokenizer first");
-      }
-      vocab = data::Tokenizer::load(recipe.tokenizer).vocab_size();
-    }
-    train::MemoryEstimate est, plain;
-    const train::DataParallel dp{world, env ? env->rank : 0};
-    try {
-      est = train::estimate_training_memory(recipe, vocab, dp);
-      plain = train::estimate_training_memory(train::without_techniques(recipe), vocab, dp);
-    } catch (const train::RecipeError& e) {
-      throw UsageError(e.what());
-    }
-    const at::ScalarType compute = train::resolve_compute_dtype(recipe);
-    std::cout << "frugal train --dry-run: " << recipe.name << ", " << est.n_params << " parameters (" << train::dtype_name(recipe.dtype)
-              << (compute != recipe.dtype ? std::string(", ") + train::dtype_name(compute) + " products" : "") << "), batch "
-              << recipe.batch_size << " x " << recipe.seq_len << " tokens";
-    if (world > 1) std::cout << " over " << world << " ranks (per rank: rank " << dp.rank << ", " << recipe.batch_size / world << " rows)";
-    std::cout << "\n";
-    // The architecture and where each value came from (init_from's config.json, the recipe, a default).
-    std::cout << "model:";
-    for (const auto& [key, source] : recipe.model_sources) {
-      std::string value = train::recipe_value(recipe, key);
-      if (key == "model.vocab_size" && value == "0") value = std::to_string(vocab) + " (the tokenizer's)";
-      std::cout << " " << key.substr(6) << "=" << value << " (" << source << ")";
-    }
-    const models::DecoderConfig& m = recipe.model;
-    std::cout << "\n  head_dim=" << m.head_dim() << " activation=" << m.resolved_activation() << " rope=" << m.rope_scaling.type
-              << (m.rope_scaling.type != "default" ? " x" + train::recipe_number(m.rope_scaling.factor) : std::string())
-              << " attention_bias=" << (m.attention_bias ? "true" : "false") << " mlp_bias=" << (m.mlp_bias ? "true" : "false")
-              << (recipe.init_from.empty() ? "" : " (from " + recipe.init_from + "/config.json)") << "\n";
-    print_estimate_table(std::cout, "estimated peak with the recipe's techniques:", est, nullptr);
-    print_state_placement(std::cout, recipe, est);
-    print_estimate_table(std::cout, "estimated peak with every technique off:", plain, nullptr);
-    if (!json_out.empty()) {
-      std::ostringstream json;
-      io::JsonWriter w(json);
-      w.begin_object().key("recipe").value(recipe.name).key("n_params").value(est.n_params);
-      w.key("compute_dtype").value(train::dtype_name(compute));
-      // The estimate's keys at the top level (as before), and the same object again as "estimate".
-      w.key("peak_bytes").value(est.peak_bytes).key("by_category").begin_object();
-      for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(est.by_category[static_cast<int>(c)]);
-      w.end_object().key("estimate");
-      write_estimate(w, est);
-      w.key("techniques_off");
-      write_estimate(w, plain);
-      w.end_object();
-      write_output(json_out, json.str());
-    }
-    return 0;
-  }
+// What a finished run measured beyond its TrainResult, taken once: the summary and the JSON print
+// these same numbers.
+struct RunFigures {
+  memory::ProcessMemory process;  // at the end (its VmHWM: the process's peak)
+  memory::CudaMemoryStats gpu;    // the caching allocator's peaks on a GPU
+  train::StepTiming step;         // the median step and its parts
+  int64_t major_faults = 0;       // of every step run here: mapped state read back from disk, among others
+  double step_gflops = 0;         // matrix products per second of the median step
+  double matmul_gflops = 0;       // this machine's matmul in the products' precision (0: not measured)
+};
 
-  if (nproc > 1) return launch_ranks(argc, argv, nproc, recipe.out_dir);
-  dist::use_launcher_threads();  // a rank started by --nproc: its share of the cores
-  std::shared_ptr<dist::Group> group;
-  if (env && env->world_size > 1) {
-    // On GPUs each rank takes the device of its local rank (cuda:LOCAL_RANK) unless the recipe names one.
-    if (recipe.device.is_cuda() && !recipe.device.has_index())
-      recipe.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
-    group = dist::Group::create(*env, std::chrono::milliseconds(static_cast<int64_t>(dist_timeout * 1000)), recipe.device);
+RunFigures measure_run(const train::Recipe& recipe, const train::TrainResult& result) {
+  RunFigures f;
+  f.process = memory::process_memory();
+  // On a GPU, the caching allocator's own peaks since the process started (model build and every
+  // step): the figures torch.cuda.max_memory_allocated() / max_memory_reserved() give.
+  if (recipe.device.is_cuda()) f.gpu = memory::cuda_memory_stats(recipe.device.has_index() ? recipe.device.index() : 0);
+  f.step = median_timing(result.timings);
+  for (const train::StepTiming& t : result.timings) f.major_faults += t.major_faults;
+  if (!result.timings.empty()) {
+    f.step_gflops = train::step_matmul_flops(recipe, result) / std::max(f.step.total_s, 1e-9) / 1e9;
+    // Against the products' own precision (bf16 under autocast); worth half a second of measuring.
+    if (f.step.total_s >= 1.0 && recipe.device.is_cpu())
+      f.matmul_gflops = bench::measure_compute_matmul_gflops(result.compute_dtype, 1024, 0.5);
   }
-  const bool rank0 = !group || group->rank() == 0;
-  warn_if_slow_blas();
-  const bool bar = rank0 && (progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO)));
-  TrainProgress shown(rank0 ? "frugal train: " : "frugal train: rank " + std::to_string(group->rank()) + ": ", bar);
-  train::TrainResult result;
-  try {
-    result = train::run_training(recipe,
-                                 train::TrainOptions()
-                                     .resume(resume)
-                                     .stop_after(stop_after)
-                                     .on_progress(shown.on_progress())
-                                     .memory_limit(std::max<int64_t>(0, memory_limit))
-                                     .keep_events(!trace_out.empty())
-                                     .capture_steps(capture)
-                                     .group(group),
-                                 shown.log());
-  } catch (const train::RecipeError& e) {
-    shown.end_line();
-    throw UsageError(e.what());
-  } catch (const train::MemoryLimitExceeded& e) {
-    shown.message(std::string("stopped: ") + e.what());
-    return 1;
-  } catch (...) {
-    shown.end_line();  // the error main() prints starts on a line of its own
-    throw;
-  }
-  if (result.already_complete) {
-    if (result.last_step >= result.total_steps) {
-      std::cout << "run already complete: " << result.checkpoint << " is at step " << result.last_step << " (train.steps "
-                << result.total_steps << "); nothing to do\n";
-    } else {
-      // --stop-after counts from step 0: a run resumed at or past it has nothing to do, yet is not complete.
-      std::cout << "nothing to do: " << result.checkpoint << " is at step " << result.last_step << ", at or past --stop-after "
-                << stop_after << " (train.steps " << result.total_steps << "); --resume without --stop-after, or with one above "
-                << result.last_step << ", continues it\n";
-    }
-    return 0;
-  }
-  if (!rank0) {
-    std::cout << "rank " << group->rank() << " of " << group->size() << " done at step " << result.last_step << "; peak "
-              << io::human_bytes(result.peak.peak_bytes) << ", optimizer state "
-              << io::human_bytes(result.peak.breakdown[static_cast<int>(memory::Category::optimizer_state)]) << "\n";
-    return 0;  // rank 0 reports the run and writes its outputs
-  }
+  return f;
+}
+
+// The run's summary as the terminal shows it.
+std::string run_summary(const train::Recipe& recipe, const train::TrainResult& result, const RunFigures& f) {
   std::ostringstream summary;
   char line[256];
   std::snprintf(line, sizeof(line), "trained %s (%lld parameters) to step %lld: last loss %.4f, validation loss %.4f, %.0f tokens/s\n",
@@ -465,38 +444,25 @@ int run_train(int argc, char** argv) {
   summary << "estimated peak of the same job with every technique off: " << io::human_bytes(result.estimate_plain.peak_bytes)
           << " (measured peak is " << io::human_bytes(result.peak.peak_bytes) << ")\n";
   // What the tracker does not see: the kernel's count of the process against the tracked bytes.
-  const memory::ProcessMemory proc = memory::process_memory();
   const memory::ProcessMemory& end = result.process_after_steps;
-  summary << "process peak resident memory " << io::human_bytes(proc.peak_rss) << " (VmHWM) against the tracker's peak "
+  summary << "process peak resident memory " << io::human_bytes(f.process.peak_rss) << " (VmHWM) against the tracker's peak "
           << io::human_bytes(result.peak.peak_bytes) << "; after the last step " << io::human_bytes(end.rss)
           << " resident = " << io::human_bytes(end.anon) << " anonymous (the tracker's " << io::human_bytes(result.tracked_after_steps)
           << " of tensors, the rest the C++ heap and its free space, oneDNN and OpenMP scratch) + " << io::human_bytes(end.file)
           << " of mapped files (code, LibTorch's libraries, the token file, mapped optimizer state)\n";
-  // On a GPU, the caching allocator's own peaks since the process started (model build and every
-  // step): the figures torch.cuda.max_memory_allocated() / max_memory_reserved() give.
-  const memory::CudaMemoryStats gpu = recipe.device.is_cuda()
-                                          ? memory::cuda_memory_stats(recipe.device.has_index() ? recipe.device.index() : 0)
-                                          : memory::CudaMemoryStats{};
-  if (gpu.available) {
-    summary << "CUDA caching allocator: peak allocated " << io::human_bytes(gpu.peak_allocated_bytes) << ", peak reserved "
-            << io::human_bytes(gpu.peak_reserved_bytes) << " (since the process started)\n";
+  if (f.gpu.available) {
+    summary << "CUDA caching allocator: peak allocated " << io::human_bytes(f.gpu.peak_allocated_bytes) << ", peak reserved "
+            << io::human_bytes(f.gpu.peak_reserved_bytes) << " (since the process started)\n";
   }
-  const train::StepTiming step = median_timing(result.timings);
-  int64_t faults = 0;  // major page faults of every step run here: mapped state read back from disk, among others
-  for (const train::StepTiming& t : result.timings) faults += t.major_faults;
-  double step_gflops = 0, matmul_gflops = 0;
   if (!result.timings.empty()) {
-    step_gflops = train::step_matmul_flops(recipe, result) / std::max(step.total_s, 1e-9) / 1e9;
-    summary << "step time (median of " << result.timings.size() << "): " << format_seconds(step.total_s) << " = forward "
-            << format_seconds(step.forward_s) << " + backward with recompute " << format_seconds(step.backward_s) << " + optimizer "
-            << format_seconds(step.optimizer_s) << " (of which moving state " << format_seconds(step.state_io_s) << ") + the rest; "
-            << faults << " pages read from disk in " << result.timings.size() << " steps";
-    if (step.total_s >= 1.0 && recipe.device.is_cpu()) {  // worth half a second of measuring
-      // Against the products' own precision (bf16 under autocast).
-      matmul_gflops = bench::measure_compute_matmul_gflops(result.compute_dtype, 1024, 0.5);
-      char line[160];
-      std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)", step_gflops,
-                    100 * step_gflops / std::max(matmul_gflops, 1e-9), train::dtype_name(result.compute_dtype), matmul_gflops);
+    summary << "step time (median of " << result.timings.size() << "): " << format_seconds(f.step.total_s) << " = forward "
+            << format_seconds(f.step.forward_s) << " + backward with recompute " << format_seconds(f.step.backward_s) << " + optimizer "
+            << format_seconds(f.step.optimizer_s) << " (of which moving state " << format_seconds(f.step.state_io_s) << ") + the rest; "
+            << f.major_faults << " pages read from disk in " << result.timings.size() << " steps";
+    if (f.matmul_gflops > 0) {
+      std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)",
+                    f.step_gflops, 100 * f.step_gflops / std::max(f.matmul_gflops, 1e-9), train::dtype_name(result.compute_dtype),
+                    f.matmul_gflops);
       summary << line;
     }
     summary << "\n";
@@ -504,56 +470,153 @@ int run_train(int argc, char** argv) {
   if (result.world_size > 1) summary << describe_ranks(result);
   summary << "checkpoint: " << result.checkpoint << "\n";
   if (!result.sample.empty()) summary << "sample: " << result.sample << "\n";
-  std::cout << summary.str();
-  if (!trace_out.empty()) {
+  return summary.str();
+}
+
+// The run's summary as --json-out writes it.
+std::string run_json(const train::Recipe& recipe, const train::TrainResult& result, const RunFigures& f) {
+  std::ostringstream json;
+  io::JsonWriter w(json);
+  w.begin_object().key("recipe").value(recipe.name).key("n_params").value(result.n_params);
+  w.key("first_step").value(result.first_step).key("last_step").value(result.last_step);
+  w.key("final_loss").value(result.losses.empty() ? 0.0 : result.losses.back()).key("val_loss").value(result.val_loss);
+  w.key("tokens_per_s").value(result.tokens_per_s);
+  w.key("total_steps").value(result.total_steps);
+  if (recipe.example_format) {
+    const train::ExampleReport& e = result.examples;
+    w.key("examples").begin_object().key("train").value(e.train_examples).key("validation").value(e.val_examples);
+    w.key("skipped").value(e.skipped).key("truncated").value(e.truncated).key("dropped").value(e.dropped);
+    w.key("steps_per_epoch").value(e.steps_per_epoch).key("padding_share").value(e.padding_share);
+    w.key("packing").value(recipe.packing).key("label_tokens").value(e.label_tokens).key("real_tokens").value(e.real_tokens);
+    w.key("processed_tokens").value(e.processed_tokens).end_object();
+  }
+  w.key("peak_bytes").value(result.peak.peak_bytes);
+  w.key("peak_covers").begin_object().key("first_step").value(result.peak.covers_first_step);
+  w.key("last_step").value(result.peak.covers_last_step).end_object();
+  w.key("peak_step").value(result.peak.peak_step).key("peak_phase").value(memory::phase_name(result.peak.peak_phase));
+  w.key("peak_rss_bytes").value(f.process.peak_rss);
+  if (f.gpu.available) {
+    w.key("cuda_peak_allocated_bytes").value(f.gpu.peak_allocated_bytes).key("cuda_peak_reserved_bytes").value(f.gpu.peak_reserved_bytes);
+  }
+  w.key("step_time_s").value(f.step.total_s).key("step_time_breakdown_s").begin_object();
+  w.key("forward").value(f.step.forward_s).key("backward_with_recompute").value(f.step.backward_s);
+  w.key("optimizer").value(f.step.optimizer_s).key("state_io").value(f.step.state_io_s).end_object();
+  w.key("major_page_faults").value(f.major_faults);
+  w.key("compute_dtype").value(train::dtype_name(result.compute_dtype));
+  w.key("achieved_gflops").value(f.step_gflops).key("matmul_gflops").value(f.matmul_gflops);
+  w.key("by_category").begin_object();
+  for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);
+  w.end_object();
+  if (result.world_size > 1) write_ranks(w, result);
+  w.key("estimate");
+  write_estimate(w, result.estimate);
+  w.key("estimate_techniques_off");
+  write_estimate(w, result.estimate_plain);
+  w.key("losses").begin_array();
+  for (double l : result.losses) w.value(l);
+  w.end_array().key("checkpoint").value(result.checkpoint).key("sample").value(result.sample).end_object();
+  return json.str();
+}
+
+// A run resumed with nothing left to do: what it found, and why it stops.
+void say_nothing_to_do(const train::TrainResult& result, int64_t stop_after) {
+  if (result.last_step >= result.total_steps) {
+    std::cout << "run already complete: " << result.checkpoint << " is at step " << result.last_step << " (train.steps "
+              << result.total_steps << "); nothing to do\n";
+  } else {
+    // --stop-after counts from step 0: a run resumed at or past it has nothing to do, yet is not complete.
+    std::cout << "nothing to do: " << result.checkpoint << " is at step " << result.last_step << ", at or past --stop-after " << stop_after
+              << " (train.steps " << result.total_steps << "); --resume without --stop-after, or with one above " << result.last_step
+              << ", continues it\n";
+  }
+}
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  // 1. Flags, the recipe, the ranks: every mistake refused before any work.
+  const std::optional<TrainFlags> parsed = parse_train_flags(argc, argv);
+  if (!parsed) return 0;
+  const TrainFlags& flags = *parsed;
+  train::Recipe recipe;
+  try {
+    recipe = train::load_recipe(resolve_recipe(flags.recipe_arg), flags.overrides);
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
+  }
+  if (!flags.dry_run) check_recipe_inputs(recipe, /*data=*/true);  // a dry run estimates any device's memory, on any machine
+  std::optional<dist::Environment> env;
+  try {
+    env = dist::environment_from_variables();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (flags.nproc > 1 && env) throw UsageError("--nproc starts its own ranks; leave it out when a launcher (torchrun) has set WORLD_SIZE");
+  const int64_t world = env ? env->world_size : flags.nproc;
+  try {
+    recipe.rows_per_rank(world);
+  } catch (const train::RecipeError& e) {
+    throw UsageError(e.what());
+  }
+  // 2. A dry run stops at the estimate.
+  if (flags.dry_run) return dry_run(recipe, flags, train::DataParallel{world, env ? env->rank : 0});
+
+  // 3. The ranks (--nproc starts them; a rank joins its group), then the run.
+  if (flags.nproc > 1) return launch_ranks(argc, argv, flags.nproc, recipe.out_dir);
+  dist::use_launcher_threads();  // a rank started by --nproc: its share of the cores
+  std::shared_ptr<dist::Group> group;
+  if (env && env->world_size > 1) {
+    // On GPUs each rank takes the device of its local rank (cuda:LOCAL_RANK) unless the recipe names one.
+    if (recipe.device.is_cuda() && !recipe.device.has_index())
+      recipe.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
+    group = dist::Group::create(*env, std::chrono::milliseconds(static_cast<int64_t>(flags.dist_timeout * 1000)), recipe.device);
+  }
+  const bool rank0 = !group || group->rank() == 0;
+  warn_if_slow_blas();
+  const bool bar = rank0 && (flags.progress == "bar" || (flags.progress == "auto" && ::isatty(STDERR_FILENO)));
+  TrainProgress shown(rank0 ? "frugal train: " : "frugal train: rank " + std::to_string(group->rank()) + ": ", bar);
+  train::TrainResult result;
+  try {
+    result = train::run_training(recipe,
+                                 train::TrainOptions()
+                                     .resume(flags.resume)
+                                     .stop_after(flags.stop_after)
+                                     .on_progress(shown.on_progress())
+                                     .memory_limit(std::max<int64_t>(0, flags.memory_limit))
+                                     .keep_events(!flags.trace_out.empty())
+                                     .capture_steps(flags.capture)
+                                     .group(group),
+                                 shown.log());
+  } catch (const train::RecipeError& e) {
+    shown.end_line();
+    throw UsageError(e.what());
+  } catch (const train::MemoryLimitExceeded& e) {
+    shown.message(std::string("stopped: ") + e.what());
+    return 1;
+  } catch (...) {
+    shown.end_line();  // the error main() prints starts on a line of its own
+    throw;
+  }
+  if (result.already_complete) {
+    say_nothing_to_do(result, flags.stop_after);
+    return 0;
+  }
+  if (!rank0) {
+    std::cout << "rank " << group->rank() << " of " << group->size() << " done at step " << result.last_step << "; peak "
+              << io::human_bytes(result.peak.peak_bytes) << ", optimizer state "
+              << io::human_bytes(result.peak.breakdown[static_cast<int>(memory::Category::optimizer_state)]) << "\n";
+    return 0;  // rank 0 reports the run and writes its outputs
+  }
+  // 4. What rank 0 reports: the summary, the trace, the JSON (the same figures in both).
+  const RunFigures figures = measure_run(recipe, result);
+  std::cout << run_summary(recipe, result, figures);
+  if (!flags.trace_out.empty()) {
     std::ostringstream trace;
     result.tracker->write_timeline_json(trace);
-    write_output(trace_out, trace.str());
-    std::cout << "wrote " << trace_out << " (" << result.tracker->events().size() << " events)\n";
+    write_output(flags.trace_out, trace.str());
+    std::cout << "wrote " << flags.trace_out << " (" << result.tracker->events().size() << " events)\n";
   }
-  if (!json_out.empty()) {
-    std::ostringstream json;
-    io::JsonWriter w(json);
-    w.begin_object().key("recipe").value(recipe.name).key("n_params").value(result.n_params);
-    w.key("first_step").value(result.first_step).key("last_step").value(result.last_step);
-    w.key("final_loss").value(result.losses.empty() ? 0.0 : result.losses.back()).key("val_loss").value(result.val_loss);
-    w.key("tokens_per_s").value(result.tokens_per_s);
-    w.key("total_steps").value(result.total_steps);
-    if (recipe.example_format) {
-      const train::ExampleReport& e = result.examples;
-      w.key("examples").begin_object().key("train").value(e.train_examples).key("validation").value(e.val_examples);
-      w.key("skipped").value(e.skipped).key("truncated").value(e.truncated).key("dropped").value(e.dropped);
-      w.key("steps_per_epoch").value(e.steps_per_epoch).key("padding_share").value(e.padding_share);
-      w.key("packing").value(recipe.packing).key("label_tokens").value(e.label_tokens).key("real_tokens").value(e.real_tokens);
-      w.key("processed_tokens").value(e.processed_tokens).end_object();
-    }
-    w.key("peak_bytes").value(result.peak.peak_bytes);
-    w.key("peak_covers").begin_object().key("first_step").value(result.peak.covers_first_step);
-    w.key("last_step").value(result.peak.covers_last_step).end_object();
-    w.key("peak_step").value(result.peak.peak_step).key("peak_phase").value(memory::phase_name(result.peak.peak_phase));
-    w.key("peak_rss_bytes").value(proc.peak_rss);
-    if (gpu.available) {
-      w.key("cuda_peak_allocated_bytes").value(gpu.peak_allocated_bytes).key("cuda_peak_reserved_bytes").value(gpu.peak_reserved_bytes);
-    }
-    w.key("step_time_s").value(step.total_s).key("step_time_breakdown_s").begin_object();
-    w.key("forward").value(step.forward_s).key("backward_with_recompute").value(step.backward_s);
-    w.key("optimizer").value(step.optimizer_s).key("state_io").value(step.state_io_s).end_object();
-    w.key("major_page_faults").value(faults);
-    w.key("compute_dtype").value(train::dtype_name(result.compute_dtype));
-    w.key("achieved_gflops").value(step_gflops).key("matmul_gflops").value(matmul_gflops);
-    w.key("by_category").begin_object();
-    for (memory::Category c : memory::kAllCategories) w.key(memory::category_name(c)).value(result.peak.breakdown[static_cast<int>(c)]);
-    w.end_object();
-    if (result.world_size > 1) write_ranks(w, result);
-    w.key("estimate");
-    write_estimate(w, result.estimate);
-    w.key("estimate_techniques_off");
-    write_estimate(w, result.estimate_plain);
-    w.key("losses").begin_array();
-    for (double l : result.losses) w.value(l);
-    w.end_array().key("checkpoint").value(result.checkpoint).key("sample").value(result.sample).end_object();
-    write_output(json_out, json.str());
-  }
+  if (!flags.json_out.empty()) write_output(flags.json_out, run_json(recipe, result, figures));
   return 0;
 }
 

@@ -23,12 +23,12 @@ struct Size {
 };
 Size operator*(Size a, Size b) {
   int64_t out = 0;
-  if (__builtin_mul_overflow(a.v, b.v, &out)) throw std::overflow_error("a size passes 2^63");
+  if (__builtin_mul_overflow(a.v, b.v, &out)) throw std::overflow_error("a size passes 2^56");
   return Size(out);
 }
 Size operator+(Size a, Size b) {
   int64_t out = 0;
-  if (__builtin_add_overflow(a.v, b.v, &out)) throw std::overflow_error("a size passes 2^63");
+  if (__builtin_add_overflow(a.v, b.v, &out)) throw std::overflow_error("a size passes 2^56");
   return Size(out);
 }
 Size operator/(Size a, Size b) { return Size(a.v / b.v); }

@@ -18,17 +18,24 @@ namespace frugal {
 namespace train {
 namespace {
 
-// Sizes from a recipe can be absurd (model.vocab_size=9223372036854775807): refuse rather than wrap.
+// Sizes from a recipe can be absurd (model.vocab_size=9223372036854775807): refuse past the bound
+// every size of models/activation_bytes.h keeps, models::kMaxSizeBytes (2^56), rather than wrap.
 // These throw std::overflow_error; estimate_training_memory turns it into a RecipeError naming the keys.
+int64_t within_bound(int64_t v, bool overflowed, const char* what) {
+  if (overflowed || v > models::kMaxSizeBytes || v < -models::kMaxSizeBytes) {
+    throw std::overflow_error(std::string(what) + " pass 2^56 bytes");
+  }
+  return v;
+}
 int64_t checked_add(int64_t a, int64_t b, const char* what) {
   int64_t out = 0;
-  if (__builtin_add_overflow(a, b, &out)) throw std::overflow_error(std::string(what) + " pass 2^63 bytes");
-  return out;
+  const bool overflowed = __builtin_add_overflow(a, b, &out);
+  return within_bound(out, overflowed, what);
 }
 int64_t checked_mul(int64_t a, int64_t b, const char* what) {
   int64_t out = 0;
-  if (__builtin_mul_overflow(a, b, &out)) throw std::overflow_error(std::string(what) + " pass 2^63 bytes");
-  return out;
+  const bool overflowed = __builtin_mul_overflow(a, b, &out);
+  return within_bound(out, overflowed, what);
 }
 
 }  // namespace
@@ -271,14 +278,14 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
 
 MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, const DataParallel& dp,
                                         const std::vector<checkpoint::Segment>* plan) {
-  if (dp.world_size < 1 || dp.rank < 0 || dp.rank >= dp.world_size || r.batch_size % dp.world_size != 0) {
-    throw RecipeError("train.batch_size " + std::to_string(r.batch_size) + " does not split evenly over " + std::to_string(dp.world_size) +
-                      " ranks (rank " + std::to_string(dp.rank) + ")");
+  const int64_t rows = r.rows_per_rank(dp.world_size);
+  if (dp.rank < 0 || dp.rank >= dp.world_size) {
+    throw RecipeError("rank " + std::to_string(dp.rank) + " is not one of the " + std::to_string(dp.world_size) + " ranks");
   }
   try {
     if (dp.world_size > 1) {
       Recipe share = r;
-      share.batch_size = r.batch_size / dp.world_size;
+      share.batch_size = rows;
       return estimate_unchecked(share, vocab_size, dp, plan);
     }
     return estimate_unchecked(r, vocab_size, dp, plan);

@@ -18,7 +18,7 @@
 #include <sstream>
 #include <vector>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/io/files.h"
 #include "frugal/io/numbers.h"
 #include "frugal/io/units.h"
@@ -36,6 +36,7 @@ struct Field {
   std::function<void(Recipe&, const std::string&)> set;  // throws a "what is allowed" message
   std::function<std::string(const Recipe&)> get;
   std::string type = "text";  // what --list-keys shows
+  std::string meaning;        // one line for --list-keys (Recipe.EveryKeyIsDocumented checks none is empty)
 };
 
 // A recipe value refused here becomes "KEY must be <what this throws>, got 'VALUE'" (set_key).
@@ -120,27 +121,28 @@ std::string allowed_text(F parse) {
   return "text";
 }
 
-// clang-format off
 // Each macro takes the recipe member as an expression of `r` (TORCH_ARG accessors included):
 // assigned when the key is read, read when the recipe is written back.
-#define INT_FIELD(key, expr, min, max) \
+// clang-format off
+#define INT_FIELD(key, expr, min, max, meaning) \
   {key, [](Recipe& r, const std::string& v) { expr = to_int(v, min, max); }, [](const Recipe& r) { return std::to_string(expr); }, \
-   "integer " + std::to_string(min) + ".." + std::to_string(max)}
-#define DOUBLE_FIELD(key, expr, min, max) \
+   "integer " + std::to_string(min) + ".." + std::to_string(max), meaning}
+#define DOUBLE_FIELD(key, expr, min, max, meaning) \
   {key, [](Recipe& r, const std::string& v) { expr = to_double(v, min, max); }, [](const Recipe& r) { return fmt(expr); }, \
-   "number " + fmt(min) + ".." + fmt(max)}
-#define BOOL_FIELD(key, expr) \
+   "number " + fmt(min) + ".." + fmt(max), meaning}
+#define BOOL_FIELD(key, expr, meaning) \
   {key, [](Recipe& r, const std::string& v) { expr = to_bool(v); }, [](const Recipe& r) { return std::string(expr ? "true" : "false"); }, \
-   "true or false"}
-#define STRING_FIELD(key, expr) \
-  {key, [](Recipe& r, const std::string& v) { expr = v; }, [](const Recipe& r) { return expr; }}
-#define CHOICE_FIELD(key, expr, ...) \
+   "true or false", meaning}
+#define STRING_FIELD(key, expr, meaning) \
+  {key, [](Recipe& r, const std::string& v) { expr = v; }, [](const Recipe& r) { return expr; }, "text", meaning}
+#define CHOICE_FIELD(key, expr, meaning, ...) \
   {key, [](Recipe& r, const std::string& v) { expr = one_of(v, {__VA_ARGS__}); }, [](const Recipe& r) { return expr; }, \
-   allowed_text([](const std::string& v) { return one_of(v, {__VA_ARGS__}); })}
+   allowed_text([](const std::string& v) { return one_of(v, {__VA_ARGS__}); }), meaning}
 // An enum with its layer's name table: parse (text -> optional), name (value -> text), all (every value).
-#define ENUM_FIELD(key, expr, parse, name, all) \
-  {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, [](const Recipe& r) { return std::string(name(expr)); }, \
-   allowed_text([](const std::string& v) { return one_of(parse(v), all, name); })}
+#define ENUM_FIELD(key, expr, parse, name, all, meaning) \
+  {key, [](Recipe& r, const std::string& v) { expr = one_of(parse(v), all, name); }, \
+   [](const Recipe& r) { return std::string(name(expr)); }, \
+   allowed_text([](const std::string& v) { return one_of(parse(v), all, name); }), meaning}
 // clang-format on
 
 // The enum value of v, nullopt for the word `none` names (data.format's text, data.template's auto),
@@ -155,95 +157,126 @@ std::optional<E> optional_one_of(const std::string& v, const char* none, std::op
   throw std::invalid_argument("one of " + list);
 }
 // clang-format off
-#define OPTIONAL_ENUM_FIELD(key, expr, none, parse, name, all) \
+#define OPTIONAL_ENUM_FIELD(key, expr, none, parse, name, all, meaning) \
   {key, [](Recipe& r, const std::string& v) { expr = optional_one_of(v, none, parse(v), all, name); }, \
    [](const Recipe& r) { return std::string(expr ? name(*expr) : none); }, \
-   allowed_text([](const std::string& v) { return optional_one_of(v, none, parse(v), all, name); })}
+   allowed_text([](const std::string& v) { return optional_one_of(v, none, parse(v), all, name); }), meaning}
 // clang-format on
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
-      STRING_FIELD("name", r.name),
-      CHOICE_FIELD("model.arch", r.model.arch, "llama", "gpt2"),
-      INT_FIELD("model.vocab_size", r.model.vocab_size, 0, kMaxDim),
-      INT_FIELD("model.dim", r.model.dim, 1, kMaxDim),
-      INT_FIELD("model.n_layers", r.model.n_layers, 1, kMaxLayers),
-      INT_FIELD("model.n_heads", r.model.n_heads, 1, kMaxDim),
-      INT_FIELD("model.n_kv_heads", r.model.n_kv_heads, 1, kMaxDim),
-      INT_FIELD("model.ffn_dim", r.model.ffn_dim, 1, kMaxDim),
-      INT_FIELD("model.max_seq_len", r.model.max_seq_len, 1, kMaxTokens),
-      DOUBLE_FIELD("model.rope_theta", r.model.rope_theta, 1.0, kMaxRopeTheta),
-      DOUBLE_FIELD("model.norm_eps", r.model.norm_eps, 0.0, 1.0),
-      BOOL_FIELD("model.tie_embeddings", r.model.tie_embeddings),
+      STRING_FIELD("name", r.name, "the run's name, shown in summaries"),
+      CHOICE_FIELD("model.arch", r.model.arch, "decoder family: Llama (RMSNorm, rotary, SwiGLU) or GPT-2", "llama", "gpt2"),
+      INT_FIELD("model.vocab_size", r.model.vocab_size, 0, kMaxDim, "vocabulary size; 0 takes the tokenizer's"),
+      INT_FIELD("model.dim", r.model.dim, 1, kMaxDim, "model width d_model"),
+      INT_FIELD("model.n_layers", r.model.n_layers, 1, kMaxLayers, "number of Transformer blocks"),
+      INT_FIELD("model.n_heads", r.model.n_heads, 1, kMaxDim, "attention heads (divides model.dim)"),
+      INT_FIELD("model.n_kv_heads", r.model.n_kv_heads, 1, kMaxDim, "key/value heads for grouped-query attention (divides model.n_heads)"),
+      INT_FIELD("model.ffn_dim", r.model.ffn_dim, 1, kMaxDim, "hidden width of each block's MLP"),
+      INT_FIELD("model.max_seq_len", r.model.max_seq_len, 1, kMaxTokens, "longest sequence the model accepts (train.seq_len at most this)"),
+      DOUBLE_FIELD("model.rope_theta", r.model.rope_theta, 1.0, kMaxRopeTheta, "base of the rotary position embeddings"),
+      DOUBLE_FIELD("model.norm_eps", r.model.norm_eps, 0.0, 1.0, "epsilon of the normalisation layers"),
+      BOOL_FIELD("model.tie_embeddings", r.model.tie_embeddings, "share the token embedding with the output head"),
       ENUM_FIELD("model.attention", r.model.attention, models::parse_attention_kernel, models::attention_kernel_name,
-                 models::kAllAttentionKernels),
-      ENUM_FIELD("model.dtype", r.dtype, parse_dtype, dtype_name, kRecipeDtypes),
-      ENUM_FIELD("model.compute_dtype", r.compute_dtype, parse_compute_dtype, compute_dtype_name, kComputeDtypes),
-      STRING_FIELD("model.init_from", r.init_from),
-      BOOL_FIELD("model.ignore_dropout", r.ignore_dropout),
-      OPTIONAL_ENUM_FIELD("data.format", r.example_format, "text", data::parse_example_format, data::example_format_name,
-                          data::kExampleFormats),
-      OPTIONAL_ENUM_FIELD("data.template", r.examples.chat_template, "auto", data::parse_chat_template, data::chat_template_name,
-                          data::kChatTemplates),
-      STRING_FIELD("data.instruction_field", r.examples.fields.instruction),
-      STRING_FIELD("data.input_field", r.examples.fields.input),
-      STRING_FIELD("data.output_field", r.examples.fields.output),
-      STRING_FIELD("data.prompt_field", r.examples.fields.prompt),
-      STRING_FIELD("data.completion_field", r.examples.fields.completion),
-      STRING_FIELD("data.messages_field", r.examples.fields.messages),
-      STRING_FIELD("data.role_field", r.examples.fields.role),
-      STRING_FIELD("data.content_field", r.examples.fields.content),
-      BOOL_FIELD("data.train_on_prompt", r.examples.train_on_prompt),
+                 models::kAllAttentionKernels,
+                 "attention kernel: explicit softmax(q k^T) v keeps the (B, H, T, T) probabilities for backward; sdpa "
+                 "(LibTorch 2.0 or later) runs at::scaled_dot_product_attention's fused kernels, which keep one fp32 "
+                 "log-sum-exp per query instead"),
+      ENUM_FIELD("model.dtype", r.dtype, parse_dtype, dtype_name, kRecipeDtypes, "dtype of parameters and activations"),
+      ENUM_FIELD(
+          "model.compute_dtype", r.compute_dtype, parse_compute_dtype, compute_dtype_name, kComputeDtypes,
+          "precision of the matrix products for fp32 parameters (autocast; auto: bf16 where the device has bf16 matrix instructions)"),
+      STRING_FIELD("model.init_from", r.init_from,
+                   "a Hugging Face checkpoint folder to fine-tune from (empty: random init); its config.json defines the model"),
+      BOOL_FIELD("model.ignore_dropout", r.ignore_dropout,
+                 "train without the dropout init_from's config.json asks for (frugal has none; false refuses a nonzero one)"),
+      OPTIONAL_ENUM_FIELD(
+          "data.format", r.example_format, "text", data::parse_example_format, data::example_format_name, data::kExampleFormats,
+          "text: the corpus is one stream of tokens cut into random windows (pretraining); alpaca (instruction, input, output), "
+          "prompt_completion or messages (a chat: system, user, assistant): one JSON object a line, an example each, the loss on the "
+          "answers"),
+      OPTIONAL_ENUM_FIELD(
+          "data.template", r.examples.chat_template, "auto", data::parse_chat_template, data::chat_template_name, data::kChatTemplates,
+          "how an example becomes text: alpaca's prompt, plain (prompt then answer), or a chat template (llama2, llama3, chatml); auto: "
+          "alpaca for alpaca, plain for prompt_completion, the tokenizer's own chat_template (recognised) for messages"),
+      STRING_FIELD("data.instruction_field", r.examples.fields.instruction, "alpaca: the key of the instruction"),
+      STRING_FIELD("data.input_field", r.examples.fields.input, "alpaca: the key of the optional input"),
+      STRING_FIELD("data.output_field", r.examples.fields.output, "alpaca: the key of the answer"),
+      STRING_FIELD("data.prompt_field", r.examples.fields.prompt, "prompt_completion: the key of the prompt"),
+      STRING_FIELD("data.completion_field", r.examples.fields.completion, "prompt_completion: the key of the answer"),
+      STRING_FIELD("data.messages_field", r.examples.fields.messages, "messages: the key of the list of turns"),
+      STRING_FIELD("data.role_field", r.examples.fields.role, "messages: the key of a turn's role (system, user or assistant)"),
+      STRING_FIELD("data.content_field", r.examples.fields.content, "messages: the key of a turn's text"),
+      BOOL_FIELD("data.train_on_prompt", r.examples.train_on_prompt,
+                 "examples: take the loss on the prompts too (false: on the answers only, the prompts masked)"),
       {"data.bad_examples",
        [](Recipe& r, const std::string& v) {
          r.examples.skip_bad = one_of(v, {"error", "skip"}) == "skip";
        },
-       [](const Recipe& r) { return std::string(r.examples.skip_bad ? "skip" : "error"); }, "one of error, skip"},
-      BOOL_FIELD("data.packing", r.packing),
+       [](const Recipe& r) { return std::string(r.examples.skip_bad ? "skip" : "error"); }, "one of error, skip",
+       "examples: a malformed example stops the run naming file, line and field (error), or is counted and skipped (skip)"},
+      BOOL_FIELD("data.packing", r.packing,
+                 "examples: pack several into each row (attention and positions kept within each example) instead of one a row padded to "
+                 "the longest"),
       {"data.overlong",
        [](Recipe& r, const std::string& v) {
          r.drop_overlong = one_of(v, {"truncate", "drop"}) == "drop";
        },
-       [](const Recipe& r) { return std::string(r.drop_overlong ? "drop" : "truncate"); }, "one of truncate, drop"},
-      STRING_FIELD("data.corpus", r.corpus),
-      STRING_FIELD("data.validation", r.validation),
-      STRING_FIELD("data.tokenizer", r.tokenizer),
-      STRING_FIELD("data.tokens", r.tokens),
-      BOOL_FIELD("data.train_tokenizer", r.train_tokenizer),
-      DOUBLE_FIELD("data.val_fraction", r.val_fraction, 0.0, 1.0),
-      INT_FIELD("train.batch_size", r.batch_size, 1, kMaxTokens),
-      INT_FIELD("train.gradient_accumulation_steps", r.optimizer.accumulation_steps(), 1, kMaxTokens),
-      INT_FIELD("train.seq_len", r.seq_len, 1, kMaxTokens),
-      INT_FIELD("train.steps", r.steps, 1, kMaxCount),
-      INT_FIELD("train.epochs", r.epochs, 0, kMaxTokens),
-      INT_FIELD("train.seed", r.seed, 0, kMaxSeed),
-      INT_FIELD("train.log_interval", r.log_interval, 1, kMaxCount),
-      INT_FIELD("train.eval_interval", r.eval_interval, 0, kMaxCount),
-      INT_FIELD("train.eval_batches", r.eval_batches, 1, kMaxTokens),
-      INT_FIELD("train.checkpoint_interval", r.checkpoint_interval, 0, kMaxCount),
-      INT_FIELD("train.keep_checkpoints", r.keep_checkpoints, 1, kMaxTokens),
-      STRING_FIELD("train.out_dir", r.out_dir),
+       [](const Recipe& r) { return std::string(r.drop_overlong ? "drop" : "truncate"); }, "one of truncate, drop",
+       "examples longer than train.seq_len: truncated (their answer cut) or dropped; the run reports how many"},
+      STRING_FIELD(
+          "data.corpus", r.corpus,
+          "text file or folder the tokenizer and tokens are made from; with examples, JSON Lines files or folders (a list names several)"),
+      STRING_FIELD("data.validation", r.validation,
+                   "examples: JSON Lines file(s) held out for validation (empty: the last data.val_fraction of the examples)"),
+      STRING_FIELD("data.tokenizer", r.tokenizer,
+                   "SentencePiece .model, tokenizer.json or model folder; a .model is trained when missing (empty: "
+                   "<out_dir>/tokenizer.model; with model.init_from: the model's own)"),
+      STRING_FIELD("data.tokens", r.tokens,
+                   "token file, made when missing (empty: <out_dir>/corpus.tokens); with examples the examples file (empty: "
+                   "<out_dir>/train.examples, validation beside it as .val)"),
+      BOOL_FIELD("data.train_tokenizer", r.train_tokenizer,
+                 "with model.init_from: train a new tokenizer rather than use the model's (its ids then differ from the model's)"),
+      DOUBLE_FIELD("data.val_fraction", r.val_fraction, 0.0, 1.0,
+                   "share of the tokens (or examples) held out for validation, above 0 and below 1"),
+      INT_FIELD("train.batch_size", r.batch_size, 1, kMaxTokens,
+                "sequences per micro-batch (a step takes train.gradient_accumulation_steps of them)"),
+      INT_FIELD("train.gradient_accumulation_steps", r.optimizer.accumulation_steps(), 1, kMaxTokens,
+                "micro-batches of train.batch_size rows per optimizer step (standard mode only)"),
+      INT_FIELD("train.seq_len", r.seq_len, 1, kMaxTokens, "tokens per sequence"),
+      INT_FIELD("train.steps", r.steps, 1, kMaxCount, "optimizer steps of the run (the schedule's length)"),
+      INT_FIELD("train.epochs", r.epochs, 0, kMaxTokens,
+                "examples: passes over the training examples, which set train.steps once they are tokenized (0: train.steps as given)"),
+      INT_FIELD("train.seed", r.seed, 0, kMaxSeed, "seed of initialisation, batches and dropout"),
+      INT_FIELD("train.log_interval", r.log_interval, 1, kMaxCount, "steps between metric lines"),
+      INT_FIELD("train.eval_interval", r.eval_interval, 0, kMaxCount, "steps between validation losses (0: never)"),
+      INT_FIELD("train.eval_batches", r.eval_batches, 1, kMaxTokens, "batches per validation loss"),
+      INT_FIELD("train.checkpoint_interval", r.checkpoint_interval, 0, kMaxCount, "steps between checkpoints (0: only at the end)"),
+      INT_FIELD("train.keep_checkpoints", r.keep_checkpoints, 1, kMaxTokens, "checkpoints kept in train.out_dir (older ones are pruned)"),
+      STRING_FIELD("train.out_dir", r.out_dir, "folder for checkpoints, metrics and (by default) the data files"),
       {"train.device", [](Recipe& r, const std::string& v) { r.device = to_device(v); }, [](const Recipe& r) { return r.device.str(); },
-       "cpu, cuda or cuda:N"},
-      STRING_FIELD("train.sample_prompt", r.sample_prompt),
-      INT_FIELD("train.sample_tokens", r.sample_tokens, 0, kMaxTokens),
-      ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name, optim::kAllAlgorithms),
-      DOUBLE_FIELD("optimizer.lr", r.optimizer.lr(), 0.0, kMaxRate),
-      DOUBLE_FIELD("optimizer.weight_decay", r.optimizer.weight_decay(), 0.0, kMaxRate),
-      DOUBLE_FIELD("optimizer.beta1", r.optimizer.beta1(), 0.0, 1.0),
-      DOUBLE_FIELD("optimizer.beta2", r.optimizer.beta2(), 0.0, 1.0),
-      DOUBLE_FIELD("optimizer.eps", r.optimizer.eps(), 0.0, 1.0),
-      DOUBLE_FIELD("optimizer.momentum", r.optimizer.momentum(), 0.0, 1.0),
+       "cpu, cuda or cuda:N", "where the model trains"},
+      STRING_FIELD("train.sample_prompt", r.sample_prompt, "text continued after training to show a sample"),
+      INT_FIELD("train.sample_tokens", r.sample_tokens, 0, kMaxTokens, "tokens generated for the sample (0: none)"),
+      ENUM_FIELD("optimizer.algorithm", r.optimizer.algorithm(), optim::parse_algorithm, optim::algorithm_name, optim::kAllAlgorithms,
+                 "the update rule"),
+      DOUBLE_FIELD("optimizer.lr", r.optimizer.lr(), 0.0, kMaxRate, "peak learning rate"),
+      DOUBLE_FIELD("optimizer.weight_decay", r.optimizer.weight_decay(), 0.0, kMaxRate, "decoupled weight decay (adamw) or L2 penalty"),
+      DOUBLE_FIELD("optimizer.beta1", r.optimizer.beta1(), 0.0, 1.0, "Adam's first-moment decay, below 1"),
+      DOUBLE_FIELD("optimizer.beta2", r.optimizer.beta2(), 0.0, 1.0, "Adam's second-moment decay, below 1"),
+      DOUBLE_FIELD("optimizer.eps", r.optimizer.eps(), 0.0, 1.0, "Adam's denominator epsilon"),
+      DOUBLE_FIELD("optimizer.momentum", r.optimizer.momentum(), 0.0, 1.0, "SGD momentum"),
       {"optimizer.in_backward",
        [](Recipe& r, const std::string& v) { r.optimizer.mode(to_bool(v) ? optim::Mode::in_backward : optim::Mode::standard); },
-       [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }, "true or false"},
-      ENUM_FIELD("optimizer.clip", r.optimizer.clip(), optim::parse_clip, optim::clip_name, optim::kAllClips),
-      DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0, kMaxGradNorm),
+       [](const Recipe& r) { return std::string(r.in_backward() ? "true" : "false"); }, "true or false",
+       "update each parameter inside backward and free its gradient at once"},
+      ENUM_FIELD("optimizer.clip", r.optimizer.clip(), optim::parse_clip, optim::clip_name, optim::kAllClips, "gradient clipping"),
+      DOUBLE_FIELD("optimizer.max_grad_norm", r.optimizer.max_grad_norm(), 0.0, kMaxGradNorm, "the clipping threshold"),
       ENUM_FIELD("optimizer.state_precision", r.optimizer.state().precision(), optim::parse_precision, optim::precision_name,
-                 optim::kAllStatePrecisions),
+                 optim::kAllStatePrecisions, "precision of Adam's moments"),
       ENUM_FIELD("optimizer.state_placement", r.optimizer.state().placement(), optim::parse_placement, optim::placement_name,
-                 optim::kAllStatePlacements),
-      STRING_FIELD("optimizer.state_dir", r.optimizer.state().mmap_dir()),
+                 optim::kAllStatePlacements, "where Adam's moments live"),
+      STRING_FIELD("optimizer.state_dir", r.optimizer.state().mmap_dir(), "folder of the state files (state_placement mmap or file)"),
       {"optimizer.state_window",
        [](Recipe& r, const std::string& v) {
          const auto b = io::parse_bytes(v);
@@ -252,11 +285,14 @@ const std::vector<Field>& fields() {
          }
          r.optimizer.state().window_bytes(*b);
        },
-       [](const Recipe& r) { return std::to_string(r.optimizer.state().window_bytes()); }, "bytes (67108864, 256MiB)"},
-      BOOL_FIELD("optimizer.stochastic_rounding", r.optimizer.stochastic_rounding()),
-      ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name, optim::kAllScheduleKinds),
-      INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0, kMaxCount),
-      DOUBLE_FIELD("schedule.min_lr_ratio", r.schedule.min_lr_ratio(), 0.0, 1.0),
+       [](const Recipe& r) { return std::to_string(r.optimizer.state().window_bytes()); }, "bytes (67108864, 256MiB)",
+       "state bytes mapped in at once under state_placement file"},
+      BOOL_FIELD("optimizer.stochastic_rounding", r.optimizer.stochastic_rounding(), "round bf16 parameter updates stochastically"),
+      ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name, optim::kAllScheduleKinds,
+                 "learning-rate schedule"),
+      INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0, kMaxCount,
+                "steps of linear warm-up (below train.steps for cosine and linear_decay)"),
+      DOUBLE_FIELD("schedule.min_lr_ratio", r.schedule.min_lr_ratio(), 0.0, 1.0, "final learning rate as a share of optimizer.lr"),
       {"memory.checkpointing",
        [](Recipe& r, const std::string& v) {
          try {
@@ -265,7 +301,8 @@ const std::vector<Field>& fields() {
            throw std::invalid_argument(std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names());
          }
        },
-       [](const Recipe& r) { return r.checkpointing.name(); }, std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names()},
+       [](const Recipe& r) { return r.checkpointing.name(); }, std::string("one of ") + checkpoint::CheckpointPolicy::allowed_names(),
+       "activation checkpointing policy"},
       {"memory.activation_budget",
        [](Recipe& r, const std::string& v) {
          const auto b = io::parse_bytes(v);
@@ -274,9 +311,10 @@ const std::vector<Field>& fields() {
          }
          r.activation_budget = *b;
        },
-       [](const Recipe& r) { return std::to_string(r.activation_budget); }, "bytes (500000000, 2GiB)"},
-      BOOL_FIELD("memory.chunked_loss", r.loss.chunked()),
-      INT_FIELD("memory.loss_chunk", r.loss.chunk_size(), 1, kMaxCount),
+       [](const Recipe& r) { return std::to_string(r.activation_budget); }, "bytes (500000000, 2GiB)",
+       "bytes of activations to fit by planning the checkpointing (0: use memory.checkpointing)"},
+      BOOL_FIELD("memory.chunked_loss", r.loss.chunked(), "compute the loss in token chunks, never all logits at once"),
+      INT_FIELD("memory.loss_chunk", r.loss.chunk_size(), 1, kMaxCount, "tokens per chunk of the chunked loss"),
   };
   return table;
 }
@@ -521,6 +559,14 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
 
 }  // namespace
 
+int64_t Recipe::rows_per_rank(int64_t world) const {
+  if (world < 1 || batch_size % world != 0) {
+    throw RecipeError("train.batch_size " + std::to_string(batch_size) + " does not split evenly over " + std::to_string(world) +
+                      " ranks: each rank trains on an equal share of every batch");
+  }
+  return batch_size / world;
+}
+
 const char* dtype_name(at::ScalarType dtype) { return dtype == at::kBFloat16 ? "bf16" : "fp32"; }
 
 std::optional<at::ScalarType> parse_dtype(const std::string& name) {
@@ -560,121 +606,15 @@ at::ScalarType resolve_compute_dtype(const Recipe& r, std::string* why) {
     case ComputeDtype::automatic: break;
   }
   std::string reason;
-  const bool fast = checkpoint::fast_bf16(r.device.type(), &reason);
+  const bool fast = precision::fast_bf16(r.device.type(), &reason);
   say("model.compute_dtype auto: " + reason);
   return fast ? at::kBFloat16 : at::kFloat;
 }
 
-namespace {
-
-// One line per key for --list-keys (RecipeKeys.EveryKeyIsDocumented checks none is missing).
-const std::map<std::string, const char*>& meanings() {
-  static const std::map<std::string, const char*> m = {
-      {"name", "the run's name, shown in summaries"},
-      {"model.arch", "decoder family: Llama (RMSNorm, rotary, SwiGLU) or GPT-2"},
-      {"model.vocab_size", "vocabulary size; 0 takes the tokenizer's"},
-      {"model.dim", "model width d_model"},
-      {"model.n_layers", "number of Transformer blocks"},
-      {"model.n_heads", "attention heads (divides model.dim)"},
-      {"model.n_kv_heads", "key/value heads for grouped-query attention (divides model.n_heads)"},
-      {"model.ffn_dim", "hidden width of each block's MLP"},
-      {"model.max_seq_len", "longest sequence the model accepts (train.seq_len at most this)"},
-      {"model.rope_theta", "base of the rotary position embeddings"},
-      {"model.norm_eps", "epsilon of the normalisation layers"},
-      {"model.tie_embeddings", "share the token embedding with the output head"},
-      {"model.attention",
-       "attention kernel: explicit softmax(q k^T) v keeps the (B, H, T, T) probabilities for backward; sdpa "
-       "(LibTorch 2.0 or later) runs at::scaled_dot_product_attention's fused kernels, which keep one fp32 "
-       "log-sum-exp per query instead"},
-      {"model.dtype", "dtype of parameters and activations"},
-      {"model.compute_dtype",
-       "precision of the matrix products for fp32 parameters (autocast; auto: bf16 where the device has bf16 matrix instructions)"},
-      {"model.init_from", "a Hugging Face checkpoint folder to fine-tune from (empty: random init); its config.json defines the model"},
-      {"model.ignore_dropout", "train without the dropout init_from's config.json asks for (frugal has none; false refuses a nonzero one)"},
-      {"data.format",
-       "text: the corpus is one stream of tokens cut into random windows (pretraining); alpaca (instruction, input, output), "
-       "prompt_completion or messages (a chat: system, user, assistant): one JSON object a line, an example each, the loss on the answers"},
-      {"data.template",
-       "how an example becomes text: alpaca's prompt, plain (prompt then answer), or a chat template (llama2, llama3, chatml); auto: "
-       "alpaca for alpaca, plain for prompt_completion, the tokenizer's own chat_template (recognised) for messages"},
-      {"data.instruction_field", "alpaca: the key of the instruction"},
-      {"data.input_field", "alpaca: the key of the optional input"},
-      {"data.output_field", "alpaca: the key of the answer"},
-      {"data.prompt_field", "prompt_completion: the key of the prompt"},
-      {"data.completion_field", "prompt_completion: the key of the answer"},
-      {"data.messages_field", "messages: the key of the list of turns"},
-      {"data.role_field", "messages: the key of a turn's role (system, user or assistant)"},
-      {"data.content_field", "messages: the key of a turn's text"},
-      {"data.train_on_prompt", "examples: take the loss on the prompts too (false: on the answers only, the prompts masked)"},
-      {"data.bad_examples",
-       "examples: a malformed example stops the run naming file, line and field (error), or is counted and skipped (skip)"},
-      {"data.packing",
-       "examples: pack several into each row (attention and positions kept within each example) instead of one a row padded to the "
-       "longest"},
-      {"data.overlong", "examples longer than train.seq_len: truncated (their answer cut) or dropped; the run reports how many"},
-      {"data.corpus",
-       "text file or folder the tokenizer and tokens are made from; with examples, JSON Lines files or folders (a list names several)"},
-      {"data.validation", "examples: JSON Lines file(s) held out for validation (empty: the last data.val_fraction of the examples)"},
-      {"data.tokenizer",
-       "SentencePiece .model, tokenizer.json or model folder; a .model is trained when missing (empty: <out_dir>/tokenizer.model; with "
-       "model.init_from: the model's own)"},
-      {"data.train_tokenizer",
-       "with model.init_from: train a new tokenizer rather than use the model's (its ids then differ from the model's)"},
-      {"data.tokens",
-       "token file, made when missing (empty: <out_dir>/corpus.tokens); with examples the examples file (empty: <out_dir>/train.examples, "
-       "validation beside it as .val)"},
-      {"data.val_fraction", "share of the tokens (or examples) held out for validation, above 0 and below 1"},
-      {"train.batch_size", "sequences per micro-batch (a step takes train.gradient_accumulation_steps of them)"},
-      {"train.gradient_accumulation_steps", "micro-batches of train.batch_size rows per optimizer step (standard mode only)"},
-      {"train.seq_len", "tokens per sequence"},
-      {"train.steps", "optimizer steps of the run (the schedule's length)"},
-      {"train.epochs",
-       "examples: passes over the training examples, which set train.steps once they are tokenized (0: train.steps as given)"},
-      {"train.seed", "seed of initialisation, batches and dropout"},
-      {"train.log_interval", "steps between metric lines"},
-      {"train.eval_interval", "steps between validation losses (0: never)"},
-      {"train.eval_batches", "batches per validation loss"},
-      {"train.checkpoint_interval", "steps between checkpoints (0: only at the end)"},
-      {"train.keep_checkpoints", "checkpoints kept in train.out_dir (older ones are pruned)"},
-      {"train.out_dir", "folder for checkpoints, metrics and (by default) the data files"},
-      {"train.device", "where the model trains"},
-      {"train.sample_prompt", "text continued after training to show a sample"},
-      {"train.sample_tokens", "tokens generated for the sample (0: none)"},
-      {"optimizer.algorithm", "the update rule"},
-      {"optimizer.lr", "peak learning rate"},
-      {"optimizer.weight_decay", "decoupled weight decay (adamw) or L2 penalty"},
-      {"optimizer.beta1", "Adam's first-moment decay, below 1"},
-      {"optimizer.beta2", "Adam's second-moment decay, below 1"},
-      {"optimizer.eps", "Adam's denominator epsilon"},
-      {"optimizer.momentum", "SGD momentum"},
-      {"optimizer.in_backward", "update each parameter inside backward and free its gradient at once"},
-      {"optimizer.clip", "gradient clipping"},
-      {"optimizer.max_grad_norm", "the clipping threshold"},
-      {"optimizer.state_precision", "precision of Adam's moments"},
-      {"optimizer.state_placement", "where Adam's moments live"},
-      {"optimizer.state_dir", "folder of the state files (state_placement mmap or file)"},
-      {"optimizer.state_window", "state bytes mapped in at once under state_placement file"},
-      {"optimizer.stochastic_rounding", "round bf16 parameter updates stochastically"},
-      {"schedule.kind", "learning-rate schedule"},
-      {"schedule.warmup_steps", "steps of linear warm-up (below train.steps for cosine and linear_decay)"},
-      {"schedule.min_lr_ratio", "final learning rate as a share of optimizer.lr"},
-      {"memory.checkpointing", "activation checkpointing policy"},
-      {"memory.activation_budget", "bytes of activations to fit by planning the checkpointing (0: use memory.checkpointing)"},
-      {"memory.chunked_loss", "compute the loss in token chunks, never all logits at once"},
-      {"memory.loss_chunk", "tokens per chunk of the chunked loss"},
-  };
-  return m;
-}
-
-}  // namespace
-
 std::vector<RecipeKey> recipe_key_docs() {
   const Recipe defaults;
   std::vector<RecipeKey> out;
-  for (const auto& f : fields()) {
-    const auto it = meanings().find(f.key);
-    out.push_back({f.key, f.type, f.get(defaults), it == meanings().end() ? "" : it->second});
-  }
+  for (const auto& f : fields()) out.push_back({f.key, f.type, f.get(defaults), f.meaning});
   return out;
 }
 

@@ -11,7 +11,7 @@
 #include <optional>
 #include <sstream>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/models/activation_bytes.h"
 #include "frugal/checkpoint/planner.h"
 #include "frugal/data/corpus.h"
@@ -25,6 +25,7 @@
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/optim/schedule.h"
 #include "frugal/train/run_state.h"
+#include "metrics_file.h"
 
 namespace frugal {
 namespace train {
@@ -44,220 +45,6 @@ std::vector<optim::ParamGroup> param_groups(models::DecoderImpl& model) {
   return {decay, no_decay};
 }
 
-// Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after).
-void truncate_metrics(const std::string& path, int64_t last_step) {
-  if (!io::path_exists(path)) return;
-  std::istringstream in(io::read_file(path, io::kWholeDataFileBytes, "metrics file"));
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    try {
-      const io::JsonValue j = io::parse_json(line);
-      if (j.at("step").as_int() <= last_step) kept += line + "\n";
-    } catch (const std::exception&) {
-      // a line cut by a kill: dropped
-    }
-  }
-  io::write_file_atomic(path, kept);
-}
-
-// out_dir/metrics.jsonl: one JSON object per line, each flushed as written (a killed run keeps
-// every line it wrote). Closed when destroyed, so every way out of the run closes it.
-class MetricsFile {
- public:
-  // A fresh file for a run from step 0; a resumed run keeps the lines of steps <= first_step.
-  MetricsFile(const std::string& path, int64_t first_step) {
-    io::make_directories(io::parent_path(path));
-    if (first_step == 0) {
-      io::write_file_atomic(path, "");
-    } else {
-      truncate_metrics(path, first_step);
-    }
-    file_.reset(std::fopen(path.c_str(), "a"));
-    if (!file_) throw std::runtime_error("cannot open " + path);
-  }
-
-  void step(int64_t step, double loss, double lr, double tokens_per_s, int64_t live_bytes, int64_t peak_bytes) {
-    std::fprintf(
-        file_.get(), "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f, \"live_bytes\": %lld, \"peak_bytes\": %lld}\n",
-        static_cast<long long>(step), loss, lr, tokens_per_s, static_cast<long long>(live_bytes), static_cast<long long>(peak_bytes));
-    std::fflush(file_.get());
-  }
-
-  void validation(int64_t step, double val_loss) {
-    std::fprintf(file_.get(), "{\"step\": %lld, \"val_loss\": %.6f}\n", static_cast<long long>(step), val_loss);
-    std::fflush(file_.get());
-  }
-
- private:
-  struct Close {
-    void operator()(std::FILE* f) const { std::fclose(f); }
-  };
-  std::unique_ptr<std::FILE, Close> file_;
-};
-
-}  // namespace
-
-namespace {
-
-// What decides an examples file's contents besides the tokenizer and the options: each source's
-// path, size and modification time (an edited file is tokenized again).
-std::string sources_stamp(const std::vector<std::string>& paths) {
-  std::string out;
-  for (const std::string& path : paths) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) throw RecipeError("data: " + path + " does not exist");
-    out += path + " " + std::to_string(st.st_size) + " " + std::to_string(static_cast<int64_t>(st.st_mtim.tv_sec)) + "." +
-           std::to_string(static_cast<int64_t>(st.st_mtim.tv_nsec)) + "\n";
-  }
-  return out;
-}
-
-// Tokenizes the examples at `sources` into `path` unless it is current (its stamp file says it was
-// made from the same sources with the same tokenizer and options).
-data::ExampleStats make_examples(const std::vector<std::string>& sources, const data::Tokenizer& tok, const data::ExampleOptions& options,
-                                 const std::string& path, const std::string& key, const LogFn& log) {
-  const std::string stamp_path = path + ".stamp";
-  const std::string stamp = data::examples_fingerprint(tok, options) + "\n" + sources_stamp(sources);
-  if (io::path_exists(path) && io::path_exists(stamp_path) && io::read_file(stamp_path, io::kMetadataFileBytes) == stamp) return {};
-  io::make_directories(io::parent_path(path));
-  data::ExampleStats made;
-  try {
-    made = data::tokenize_examples(sources, tok, options, path);
-  } catch (const std::invalid_argument& e) {
-    throw RecipeError(key + ": " + e.what());
-  }
-  io::write_file_atomic(stamp_path, stamp);
-  std::string line = "tokenized " + std::to_string(made.examples) + " examples (" + std::to_string(made.tokens) + " tokens, " +
-                     std::to_string(made.label_tokens) + " with loss) from " + key + " into " + path;
-  if (made.skipped > 0) {
-    line += "; skipped " + std::to_string(made.skipped) + " bad ones";
-    if (!made.skipped_reasons.empty()) line += " (first: " + made.skipped_reasons.front() + ")";
-  }
-  log(line);
-  return made;
-}
-
-}  // namespace
-
-PreparedData prepare_data(const Recipe& r, const LogFn& log) {
-  PreparedData p;
-  p.tokenizer_path = r.tokenizer;
-  p.tokens_path = r.tokens;
-  std::vector<std::string> docs;
-  auto corpus = [&]() -> const std::vector<std::string>& {
-    if (docs.empty()) {
-      if (r.corpus.empty()) throw RecipeError("data.corpus is needed to make " + r.tokenizer + " or " + r.tokens);
-      docs = data::read_corpus(r.corpus);
-      log("read " + std::to_string(docs.size()) + " documents from " + r.corpus);
-    }
-    return docs;
-  };
-  if (p.tokenizer_path.empty()) throw RecipeError("data.tokenizer must be set");
-  // Said once the data is ready: a refused input is the only line a bad run prints.
-  bool from_model = false;
-  auto say_tokenizer = [&] {
-    if (from_model) log("using the tokenizer of " + r.init_from);
-  };
-  // A model fine-tuned from a folder reads its ids with that folder's tokenizer: a new one would
-  // give its embeddings other meanings.
-  if (!r.init_from.empty() && !r.train_tokenizer && data::Tokenizer::folder_has_tokenizer(r.init_from)) {
-    p.tokenizer_path = r.init_from;
-    from_model = true;
-  }
-  if (!io::path_exists(p.tokenizer_path) && !r.text_data()) {
-    throw RecipeError("data.tokenizer " + p.tokenizer_path +
-                      " does not exist: examples are tokenized with the model's tokenizer "
-                      "(model.init_from's, or data.tokenizer); frugal trains tokenizers on text corpora only (frugal tokenizer train)");
-  }
-  if (!io::path_exists(p.tokenizer_path)) {
-    const std::string suffix = ".model";
-    if (p.tokenizer_path.size() <= suffix.size() ||
-        p.tokenizer_path.compare(p.tokenizer_path.size() - suffix.size(), suffix.size(), suffix) != 0) {
-      throw RecipeError("data.tokenizer " + p.tokenizer_path + " does not exist (and must end in .model to be trained)");
-    }
-    if (!r.init_from.empty() && !r.train_tokenizer) {
-      throw RecipeError("model.init_from " + r.init_from + " has no tokenizer (tokenizer.json or tokenizer.model) and data.tokenizer " +
-                        p.tokenizer_path +
-                        " does not exist: give the model's tokenizer as data.tokenizer, or set "
-                        "data.train_tokenizer: true to train a new one (the model's ids then mean other text)");
-    }
-    const int64_t vocab = r.model.vocab_size > 0 ? r.model.vocab_size : 4096;
-    log("training a " + std::to_string(vocab) + "-piece tokenizer into " + p.tokenizer_path);
-    io::make_directories(io::parent_path(p.tokenizer_path));
-    // Trained under a temporary name and renamed, so a concurrent run never reads half a file.
-    const std::string prefix = p.tokenizer_path.substr(0, p.tokenizer_path.size() - suffix.size());
-    const std::string tmp_prefix = prefix + ".tmp-" + std::to_string(::getpid());
-    data::train_tokenizer(corpus(), tmp_prefix, data::TokenizerTrainOptions().vocab_size(vocab));
-    std::rename((tmp_prefix + ".vocab").c_str(), (prefix + ".vocab").c_str());
-    if (std::rename((tmp_prefix + ".model").c_str(), p.tokenizer_path.c_str()) != 0) {
-      throw std::runtime_error("cannot move the trained tokenizer to " + p.tokenizer_path);
-    }
-  }
-  data::Tokenizer tok;
-  try {
-    tok = data::Tokenizer::load(p.tokenizer_path);
-  } catch (const std::invalid_argument& e) {
-    throw RecipeError(e.what());
-  }
-  p.vocab_size = tok.vocab_size();
-  if (!r.init_from.empty()) {
-    // The model's vocabulary is the file's; a smaller tokenizer leaves rows unused (padded vocabularies).
-    if (p.vocab_size > r.model.vocab_size) {
-      throw RecipeError("the tokenizer " + p.tokenizer_path + " has " + std::to_string(p.vocab_size) +
-                        " pieces, more than the vocab_size " + std::to_string(r.model.vocab_size) + " of model.init_from " + r.init_from +
-                        " (its last tokens would have no embedding)");
-    }
-  } else if (r.model.vocab_size > 0 && r.model.vocab_size != p.vocab_size) {
-    throw RecipeError("model.vocab_size " + std::to_string(r.model.vocab_size) + " differs from the tokenizer's " +
-                      std::to_string(p.vocab_size) + " (set model.vocab_size=0 to take the tokenizer's)");
-  }
-  if (!r.text_data()) {
-    const std::vector<std::string> sources = r.corpus_paths();
-    if (sources.empty()) throw RecipeError("data.corpus must name the JSON Lines examples");
-    data::ExampleOptions options = r.example_options();
-    try {
-      // auto: the format's own; for messages the model's chat_template, when it is one frugal has built in.
-      options.chat_template = data::resolve_chat_template(tok, options);
-    } catch (const std::invalid_argument& e) {
-      throw RecipeError(std::string("data.template: ") + e.what());
-    }
-    p.chat_template = options.chat_template;
-    std::vector<std::string> made;
-    auto remember = [&made](const std::string& line) { made.push_back(line); };
-    p.made = make_examples(sources, tok, options, p.tokens_path, "data.corpus", remember);
-    if (!r.validation.empty()) {
-      p.val_examples_path = p.tokens_path + ".val";
-      p.val_made = make_examples(r.validation_paths(), tok, options, p.val_examples_path, "data.validation", remember);
-    }
-    say_tokenizer();
-    for (const std::string& line : made) log(line);
-    return p;
-  }
-  // The token file records the tokenizer it was made with (<tokens>.tokenizer holds its fingerprint):
-  // a file made with another tokenizer, even one of the same size, is remade.
-  const std::string stamp_path = p.tokens_path + ".tokenizer";
-  const std::string stamp = tok.fingerprint() + "\n";
-  bool fresh = !io::path_exists(p.tokens_path);
-  if (!fresh) {
-    data::TokenFile f(p.tokens_path);
-    fresh = f.vocab_size() != p.vocab_size || !io::path_exists(stamp_path) || io::read_file(stamp_path, io::kMetadataFileBytes) != stamp;
-    if (fresh) log(p.tokens_path + " was made with another tokenizer: remaking it");
-  }
-  if (fresh) {
-    if (r.corpus.empty()) throw RecipeError("data.corpus is needed to make " + r.tokens);
-    std::vector<std::string>().swap(docs);  // the tokenizer's training copy; tokenizing streams the corpus
-    io::make_directories(io::parent_path(p.tokens_path));
-    const data::CorpusTokens made = data::tokenize_corpus(r.corpus, tok, p.tokens_path);
-    io::write_file_atomic(stamp_path, stamp);
-    log("tokenized " + std::to_string(made.documents) + (made.documents == 1 ? " document" : " documents") + " from " + r.corpus +
-        " into " + std::to_string(made.tokens) + " tokens: " + p.tokens_path);
-  }
-  say_tokenizer();
-  return p;
-}
-
-namespace {
-
 // The job's stages, in the order run_training calls them. Members are declared so that the model,
 // optimizer and metrics file go before the tracking guard (their frees are tracked too).
 class Trainer {
@@ -271,17 +58,14 @@ class Trainer {
     group_ = options_.group();
     std::string why;
     result_.compute_dtype = resolve_compute_dtype(r_, &why);
-    if (result_.compute_dtype != r_.dtype) autocast_ = checkpoint::AutocastState::compute(r_.device.type(), result_.compute_dtype);
+    if (result_.compute_dtype != r_.dtype) autocast_ = precision::AutocastState::compute(r_.device.type(), result_.compute_dtype);
     compute_line_ = std::string("compute: ") + dtype_name(result_.compute_dtype) +
                     (autocast_.enabled() ? " matrix products (autocast) over fp32 parameters" : "") + " (" + why + ")";
     // bf16 products run on LibTorch's own thread pool (oneDNN), fp32 ones on the BLAS library's:
     // the pools are sized for the run's precision, for the whole run (autocast.h).
-    threads_ = std::make_unique<checkpoint::ComputeThreadsGuard>(r_.device.type(), result_.compute_dtype);
+    threads_ = std::make_unique<precision::ComputeThreadsGuard>(r_.device.type(), result_.compute_dtype);
     if (!threads_->describe().empty()) compute_line_ += "; " + threads_->describe();
-    if (group_ && r_.batch_size % group_->size() != 0) {
-      throw RecipeError("train.batch_size " + std::to_string(r_.batch_size) + " does not split evenly over " +
-                        std::to_string(group_->size()) + " ranks: each rank trains on an equal share of every batch");
-    }
+    if (group_) r_.rows_per_rank(group_->size());  // refused unless the batch splits evenly
     // Rank 0 makes the tokenizer and token file when they are missing; the others wait for them.
     if (group_ && group_->rank() != 0) group_->barrier("waiting for rank 0 to prepare the data");
     data_ = prepare_data(r_, log_);
@@ -453,7 +237,7 @@ class Trainer {
       embedded = model_->embed(tokens);  // the chain's input: (B, T, dim)
     }
     auto costs = [&] {
-      checkpoint::AutocastGuard compute(autocast_);  // blocks keep what they keep in the run's precision
+      precision::AutocastGuard compute(autocast_);  // blocks keep what they keep in the run's precision
       return checkpoint::measure_chain(model_->chain(), embedded.requires_grad_(), 1);
     }();
     // A decoder's blocks are identical: one time for all (their median), so the timer's noise does
@@ -561,7 +345,7 @@ class Trainer {
           const auto t = Clock::now();
           // Forward under the run's autocast state; backward outside it, as torch.autocast asks
           // (recomputed regions re-enter the forward's state themselves).
-          checkpoint::AutocastGuard compute(autocast_);
+          precision::AutocastGuard compute(autocast_);
           loss = model_->loss(mb.tokens, mb.targets, loss_options, mb.segments);
           if (scale != 1.0) loss = loss * scale;
           timing.forward_s += seconds_since(t);
@@ -693,12 +477,12 @@ class Trainer {
     metrics_.reset();
     if (options_.sample() && r_.sample_tokens > 0 && !r_.text_data()) {
       memory::PhaseScope phase(memory::Phase::sampling);
-      checkpoint::AutocastGuard compute(autocast_);
+      precision::AutocastGuard compute(autocast_);
       result_.sample = answer_first_validation_example();
     } else if (options_.sample() && r_.sample_tokens > 0) {
       log_("sampling " + std::to_string(r_.sample_tokens) + " tokens after \"" + r_.sample_prompt + "\"");
       memory::PhaseScope phase(memory::Phase::sampling);
-      checkpoint::AutocastGuard compute(autocast_);
+      precision::AutocastGuard compute(autocast_);
       result_.sample =
           models::generate(
               *model_, *tokenizer_, r_.sample_prompt,
@@ -795,7 +579,7 @@ class Trainer {
   double evaluate() {
     at::NoGradGuard no_grad;
     memory::PhaseScope phase(memory::Phase::evaluation);
-    checkpoint::AutocastGuard compute(autocast_);
+    precision::AutocastGuard compute(autocast_);
     double total = 0;
     if (!r_.text_data()) {
       // The mean over every answer token of the batches (as training's loss), not a mean of means.
@@ -839,9 +623,9 @@ class Trainer {
   std::unique_ptr<MetricsFile> metrics_;
   std::shared_ptr<dist::Group> group_;
   DataParallel dp_;
-  std::string compute_line_, plan_line_;                                   // logged when training starts
-  checkpoint::AutocastState autocast_ = checkpoint::AutocastState::off();  // on when compute_dtype differs from model.dtype
-  std::unique_ptr<checkpoint::ComputeThreadsGuard> threads_;               // thread pools for the compute dtype, until the run ends
+  std::string compute_line_, plan_line_;                                 // logged when training starts
+  precision::AutocastState autocast_ = precision::AutocastState::off();  // on when compute_dtype differs from model.dtype
+  std::unique_ptr<precision::ComputeThreadsGuard> threads_;              // thread pools for the compute dtype, until the run ends
   dist::Traffic traffic_start_;
   std::string recipe_yaml_;
   int64_t start_ = 0, stop_ = 0;
@@ -863,7 +647,7 @@ double step_matmul_flops(const Recipe& r, const TrainResult& result, bool with_r
   // Examples' rows may be shorter than train.seq_len (padded to the longest of each micro-batch):
   // the products scale with the tokens computed (the attention scores' share, quadratic in the
   // row's length, is taken as linear here).
-  const double full_tokens = static_cast<double>(r.optimizer.accumulation_steps() * r.batch_size * r.seq_len);
+  const double full_tokens = static_cast<double>(r.tokens_per_step());
   return full * static_cast<double>(result.examples.processed_tokens) / static_cast<double>(steps) / full_tokens;
 }
 

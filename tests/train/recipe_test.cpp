@@ -4,7 +4,7 @@
 
 #include <torch/version.h>
 
-#include "frugal/checkpoint/autocast.h"
+#include "frugal/precision/autocast.h"
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/models/hf_checkpoint.h"
@@ -275,7 +275,7 @@ TEST(Recipe, ComputeDtypeKey) {
   EXPECT_EQ(parse_recipe(recipe_to_yaml(bf16), "saved.yaml").compute_dtype, ComputeDtype::bf16);
   // auto follows the device's bf16 instructions, and says so.
   const Recipe automatic = parse_recipe(kYaml, "r.yaml", {"model.compute_dtype=auto"});
-  const bool fast = frugal::checkpoint::fast_bf16(c10::kCPU);
+  const bool fast = frugal::precision::fast_bf16(c10::kCPU);
   EXPECT_EQ(resolve_compute_dtype(automatic, &why), fast ? at::kBFloat16 : at::kFloat);
   EXPECT_EQ(why.rfind("model.compute_dtype auto: this CPU has ", 0), 0u) << why;
   // bf16 parameters compute in bf16 whatever the key says (no autocast).

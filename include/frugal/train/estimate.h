@@ -4,7 +4,7 @@
 // (optim::state_bytes_for_parameter, models::decoder_activation_bytes, loss's chunk sizes) at each
 // candidate moment of a step (the loss's forward and backward, each block's backward, the optimizer
 // step) and reports the largest, in the tracker's categories. Throws RecipeError when a size
-// passes 2^63.
+// passes models::kMaxSizeBytes (2^56 bytes, 64 PiB).
 //
 //   auto est = frugal::train::estimate_training_memory(recipe, /*vocab_size=*/32000);
 //   auto plain = frugal::train::estimate_training_memory(frugal::train::without_techniques(recipe), 32000);

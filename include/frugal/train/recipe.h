@@ -38,7 +38,7 @@ struct RecipeError : std::invalid_argument {
 };
 
 // model.compute_dtype: the precision of the matrix products (autocast) for fp32 parameters.
-// auto: bf16 where the device multiplies bf16 in hardware (checkpoint::fast_bf16), else fp32.
+// auto: bf16 where the device multiplies bf16 in hardware (precision::fast_bf16), else fp32.
 enum class ComputeDtype { fp32, bf16, automatic };
 constexpr std::array<ComputeDtype, 3> kComputeDtypes = {ComputeDtype::fp32, ComputeDtype::bf16, ComputeDtype::automatic};
 const char* compute_dtype_name(ComputeDtype c);  // "fp32", "bf16", "auto"
@@ -118,6 +118,12 @@ struct Recipe {
   data::ExampleOptions example_options() const;       // examples with format = *example_format
   std::vector<std::string> corpus_paths() const;      // corpus, one path per line
   std::vector<std::string> validation_paths() const;  // validation, one path per line (empty when none)
+  // Tokens of one optimizer step: train.gradient_accumulation_steps micro-batches of
+  // train.batch_size rows of train.seq_len (examples' rows may be padded to fewer).
+  int64_t tokens_per_step() const { return optimizer.accumulation_steps() * batch_size * seq_len; }
+  // The rows of every micro-batch each of `world` data-parallel ranks trains on; a RecipeError
+  // when train.batch_size does not split evenly over them.
+  int64_t rows_per_rank(int64_t world) const;
 };
 
 // The parameter dtypes a recipe accepts: "fp32" (at::kFloat) and "bf16" (at::kBFloat16).
