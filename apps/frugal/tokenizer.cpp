@@ -2,9 +2,11 @@
 // (a SentencePiece .model, a tokenizer.json or a model folder), or show how instruction and chat
 // examples become tokens and loss flags.
 #include <iostream>
+#include <sstream>
 
 #include "frugal/io/files.h"
 #include "frugal/io/json.h"
+#include "frugal/io/json_value.h"
 
 #include "args.h"
 #include "commands.h"
@@ -18,7 +20,7 @@ namespace {
 
 const char* kUsage =
     "usage: frugal tokenizer train CORPUS --out PREFIX [--vocab-size N] [--model-type bpe|unigram]\n"
-    "       frugal tokenizer encode TOKENIZER (TEXT | --text-file F) [--json] [--add-special-tokens]\n"
+    "       frugal tokenizer encode TOKENIZER (TEXT | --text-file F | --texts-jsonl F) [--json] [--add-special-tokens]\n"
     "       frugal tokenizer examples TOKENIZER FILE... [--format alpaca|prompt_completion|messages]\n"
     "                [--template plain|alpaca|llama2|llama3|chatml] [--train-on-prompt] [--skip-bad]\n"
     "\n"
@@ -26,7 +28,8 @@ const char* kUsage =
     "       PREFIX.model and PREFIX.vocab.\n"
     "encode: print the ids of TEXT, then the text decoded back. TOKENIZER is a .model, a tokenizer.json or\n"
     "       a model folder (tokenizer.json or tokenizer.model, and tokenizer_config.json); --text-file reads\n"
-    "       the file's exact bytes; --json prints {\"ids\": [...], \"decoded\": ...} on one line.\n"
+    "       the file's exact bytes; --json prints {\"ids\": [...], \"decoded\": ...} on one line;\n"
+    "       --texts-jsonl encodes many texts in one run (one JSON string a line in, one --json line out each).\n"
     "examples: each example of the JSON Lines FILE(s) (or folders of *.jsonl / *.json) as one JSON line:\n"
     "       {\"file\", \"line\", \"text\" (rendered with the template), \"ids\", \"loss\" (1: the token is an answer\n"
     "       token, predicting it counts)}; then a summary line on stderr.\n";
@@ -62,38 +65,56 @@ int run_tokenizer(int argc, char** argv) {
     return 0;
   }
   if (action == "encode") {
-    std::string model, text_file;
+    std::string model, text_file, texts_jsonl;
     std::vector<std::string> rest;
     bool json = false, add_special = false;
     Args args("tokenizer encode", "Encode text with a tokenizer and decode it back.");
     args.add_positional("TOKENIZER", &model, "a .model file, a tokenizer.json or a model folder");
     args.add_string("text-file", &text_file, "read the text from this file (its exact bytes)", "FILE");
+    args.add_string("texts-jsonl", &texts_jsonl, "encode each text of this file (one JSON string a line), a --json line each", "FILE");
     args.add_flag("json", &json, "print {\"ids\": [...], \"decoded\": ...} on one line");
     args.add_flag("add-special-tokens", &add_special, "add BOS (and EOS) as the model's tokenizer does");
     args.add_rest(&rest, "TEXT");
     if (!args.parse(argc, argv, 3)) return 0;
-    if (rest.size() + (text_file.empty() ? 0 : 1) != 1)
-      throw UsageError("tokenizer encode needs the text: one TEXT argument or --text-file");
+    if (rest.size() + (text_file.empty() ? 0 : 1) + (texts_jsonl.empty() ? 0 : 1) != 1)
+      throw UsageError("tokenizer encode needs the text: one TEXT argument, --text-file or --texts-jsonl");
     data::Tokenizer tok;
-    std::string text;
-    std::vector<int32_t> ids;
+    std::vector<std::string> texts;
     try {
       tok = data::Tokenizer::load(model);
-      text = text_file.empty() ? rest[0] : io::read_file(text_file, io::kWholeDataFileBytes, "--text-file");
-      ids = tok.encode(text, add_special);
+      if (!texts_jsonl.empty()) {
+        std::istringstream lines(io::read_file(texts_jsonl, io::kWholeDataFileBytes, "--texts-jsonl"));
+        std::string line;
+        for (int64_t n = 1; std::getline(lines, line); ++n) {
+          const io::JsonValue v = io::parse_json(line);
+          if (!v.is_string())
+            throw std::invalid_argument("--texts-jsonl " + texts_jsonl + " line " + std::to_string(n) + " is not a JSON string");
+          texts.push_back(v.as_string());
+        }
+      } else {
+        texts.push_back(text_file.empty() ? rest[0] : io::read_file(text_file, io::kWholeDataFileBytes, "--text-file"));
+      }
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    if (json) {
-      io::JsonWriter w(std::cout, 0);
-      w.begin_object().key("ids").begin_array();
-      for (int32_t id : ids) w.value(static_cast<int64_t>(id));
-      w.end_array().key("decoded").value(tok.decode(ids)).end_object();
-      std::cout << "\n";
-      return 0;
+    for (const std::string& text : texts) {
+      std::vector<int32_t> ids;
+      try {
+        ids = tok.encode(text, add_special);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
+      if (json || !texts_jsonl.empty()) {
+        io::JsonWriter w(std::cout, 0);
+        w.begin_object().key("ids").begin_array();
+        for (int32_t id : ids) w.value(static_cast<int64_t>(id));
+        w.end_array().key("decoded").value(tok.decode(ids)).end_object();
+        std::cout << "\n";
+        continue;
+      }
+      for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+      std::cout << "\n" << tok.decode(ids) << "\n";
     }
-    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
-    std::cout << "\n" << tok.decode(ids) << "\n";
     return 0;
   }
   if (action == "examples") {

@@ -102,7 +102,7 @@ for i in range(1, 9): s += "l%d: &l%d [%s]\n" % (i, i, ", ".join(["*l%d" % (i - 
 open(sys.argv[1], "w").write(s)' "$tmp/laughs.yaml"
 expect 2 "laughs.yaml: expands to more than" -- train "$tmp/laughs.yaml"
 expect 2 "model.vocab_size must be an integer from 0 to 2147483647" -- train tiny --dry-run model.vocab_size=9223372036854775807
-expect 2 "model.vocab_size=2147483647, model.dim=33554432: too large" -- train tiny --dry-run model.vocab_size=2147483647 model.dim=33554432 model.n_heads=2 model.n_kv_heads=1
+expect 2 "model.vocab_size=2147483647, model.dim=4194304: too large" -- train tiny --dry-run model.vocab_size=2147483647 model.dim=4194304 model.n_heads=2 model.n_kv_heads=1
 expect 2 "train.seq_len=16777216: too large" -- train tiny --dry-run model.max_seq_len=16777216 train.seq_len=16777216
 # A budget no plan meets: the dry run refuses it as the run would, rather than estimate a fallback plan.
 # Low-bit state that small tensors do not take is counted in the dry run (and the run's summary).
@@ -224,7 +224,7 @@ if [ -e /usr/lib/x86_64-linux-gnu/blas/libblas.so.3 ] && ldd "$frugal" | grep -q
 fi
 
 # Kill a run with SIGKILL mid-training, resume it, and compare with an uninterrupted run.
-common=(data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=300
+common=(data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=100
         train.checkpoint_interval=5 train.eval_interval=0 train.sample_tokens=0 --progress lines)
 "$frugal" train tiny "${common[@]}" train.out_dir="$tmp/straight" >"$tmp/straight.log" 2>&1 || { echo "FAIL: uninterrupted run"; cat "$tmp/straight.log"; failed=$((failed + 1)); }
 "$frugal" train tiny "${common[@]}" train.out_dir="$tmp/killed" >"$tmp/killed.log" 2>&1 &
@@ -247,7 +247,7 @@ def losses(path):
             out[d["step"]] = d["loss"]
     return out
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert sorted(a) == list(range(1, 301)), "uninterrupted run incomplete"
+assert sorted(a) == list(range(1, 101)), "uninterrupted run incomplete"
 assert sorted(b) == sorted(a), f"resumed run has steps {min(b)}..{max(b)} ({len(b)})"
 diff = [s for s in a if a[s] != b[s]]
 assert not diff, f"losses differ from step {diff[0]}: {a[diff[0]]} vs {b[diff[0]]}"
@@ -260,16 +260,16 @@ else
 fi
 
 # --stop-after: a run stopped on purpose halfway and resumed gives the uninterrupted run's losses.
-"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --stop-after 150 >"$tmp/half1.log" 2>&1 || { echo "FAIL: --stop-after run"; cat "$tmp/half1.log"; failed=$((failed + 1)); }
-# Resumed at 150 with --stop-after 100: nothing to do, and not "complete" (300 steps are asked for).
-expect 0 "nothing to do: .*halves/step-00000150 is at step 150, at or past --stop-after 100 (train.steps 300)" -- train tiny "${common[@]}" train.out_dir="$tmp/halves" --resume --stop-after 100
+"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --stop-after 50 >"$tmp/half1.log" 2>&1 || { echo "FAIL: --stop-after run"; cat "$tmp/half1.log"; failed=$((failed + 1)); }
+# Resumed at 50 with --stop-after 30: nothing to do, and not "complete" (100 steps are asked for).
+expect 0 "nothing to do: .*halves/step-00000050 is at step 50, at or past --stop-after 30 (train.steps 100)" -- train tiny "${common[@]}" train.out_dir="$tmp/halves" --resume --stop-after 30
 "$frugal" train tiny "${common[@]}" train.out_dir="$tmp/halves" --resume >"$tmp/half2.log" 2>&1 || { echo "FAIL: --stop-after run resumed"; cat "$tmp/half2.log"; failed=$((failed + 1)); }
-if grep -q "to step 150:" "$tmp/half1.log" && grep -q "resumed from .*step-00000150" "$tmp/half2.log" &&
+if grep -q "to step 50:" "$tmp/half1.log" && grep -q "resumed from .*step-00000050" "$tmp/half2.log" &&
    cmp -s <(grep '"loss"' "$tmp/straight/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//') \
           <(grep '"loss"' "$tmp/halves/metrics.jsonl" | sed 's/"tokens_per_s[^,]*,//'); then
   pass=$((pass + 1))
 else
-  echo "FAIL: --stop-after 150 then --resume does not continue the uninterrupted run"; failed=$((failed + 1))
+  echo "FAIL: --stop-after 50 then --resume does not continue the uninterrupted run"; failed=$((failed + 1))
 fi
 
 expect 0 "A fool" -- generate --checkpoint "$tmp/straight" --prompt "A fool" --tokens 5
@@ -328,6 +328,16 @@ mkdir -p "$tmp/l2folder" && cp "$fixtures/llama2.json" "$tmp/l2folder/tokenizer.
 if python3 - "$frugal" "$fixtures" "$tmp" <<'PY'
 import json, subprocess, sys
 frugal, fixtures, tmp = sys.argv[1:4]
+def encode_all(tok, texts, *flags):
+    """One process for many texts (--texts-jsonl), one --json line back for each."""
+    path = f"{tmp}/texts.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for text in texts:
+            f.write(json.dumps(text) + "\n")
+    out = subprocess.run([frugal, "tokenizer", "encode", tok, "--texts-jsonl", path, *flags], capture_output=True, check=True).stdout
+    lines = out.split(b"\n")
+    assert lines[-1] == b"" and len(lines) == len(texts) + 1, out
+    return [json.loads(line) for line in lines[:-1]]
 def encode(tok, text, *flags):
     path = f"{tmp}/text.txt"
     open(path, "wb").write(text.encode("utf-8"))
@@ -337,20 +347,27 @@ def encode(tok, text, *flags):
 expected = json.load(open(f"{fixtures}/expected_ids.json"))
 n = 0
 for name in ["gpt2", "llama3", "llama2", "mistral"]:
-    for case in expected[name]["cases"]:
-        for tok in [f"{fixtures}/{name}.json"] + ([f"{tmp}/l2folder"] if name == "llama2" else []):
-            got = encode(tok, case["text"])
+    cases = expected[name]["cases"]
+    for tok in [f"{fixtures}/{name}.json"] + ([f"{tmp}/l2folder"] if name == "llama2" else []):
+        texts = [case["text"] for case in cases]
+        plain = encode_all(tok, texts)
+        special = encode_all(tok, texts, "--add-special-tokens") if name in ("llama2", "llama3") else None
+        for i, case in enumerate(cases):
+            got = plain[i]
             assert got["ids"] == case["ids"], (tok, case["text"], got["ids"], case["ids"])
             # decoded as the library does it, where no special token is left out
             assert "<" in case["text"] or got["decoded"] == case["decoded"], (tok, case, got)
-            if name in ("llama2", "llama3"):
-                assert encode(tok, case["text"], "--add-special-tokens")["ids"] == case["ids_with_special"], (tok, case["text"])
+            if special is not None:
+                assert special[i]["ids"] == case["ids_with_special"], (tok, case["text"])
             n += 1
+        # --texts-jsonl gives what one text at a time (--text-file, the file's exact bytes) gives
+        assert encode(tok, cases[-1]["text"]) == plain[-1], (tok, cases[-1]["text"])
 # A checkpoint folder (tokenizer.json from the trained .model) and the .model itself: the same ids.
-for text in ["", " leading", "a  b\t\tc", "new\nlines\n\n", "crlf\r\n", "A fool 😀 日本", "  "]:
-    a, b = encode(f"{tmp}/straight/step-00000300", text, "--add-special-tokens"), encode(f"{tmp}/tok.model", text, "--add-special-tokens")
-    assert a == b, (text, a, b)
-    n += 1
+texts = ["", " leading", "a  b\t\tc", "new\nlines\n\n", "crlf\r\n", "A fool 😀 日本", "  "]
+a = encode_all(f"{tmp}/straight/step-00000100", texts, "--add-special-tokens")
+b = encode_all(f"{tmp}/tok.model", texts, "--add-special-tokens")
+assert a == b, (texts, a, b)
+n += len(texts)
 print(f"  tokenizer encode --json: {n} texts as expected")
 PY
 then pass=$((pass + 1)); else echo "FAIL: tokenizer encode --json against the fixtures' ids"; failed=$((failed + 1)); fi
@@ -358,8 +375,10 @@ expect 0 "^{\"ids\": \[1, " -- tokenizer encode "$tmp/l2folder" --json --add-spe
 printf 'bad \xff byte' > "$tmp/bad-utf8.txt"
 expect 2 "tokenizer: the text is not valid UTF-8 (at byte 4)" -- tokenizer encode "$fixtures/gpt2.json" --text-file "$tmp/bad-utf8.txt"
 expect 2 "tokenizer: the text is not valid UTF-8 (at byte 4)" -- tokenizer encode "$tmp/t2.model" --text-file "$tmp/bad-utf8.txt" --json
-expect 2 "tokenizer encode needs the text: one TEXT argument or --text-file" -- tokenizer encode "$fixtures/gpt2.json"
-expect 2 "tokenizer encode needs the text: one TEXT argument or --text-file" -- tokenizer encode "$fixtures/gpt2.json" --text-file "$tmp/bad-utf8.txt" "x"
+expect 2 "tokenizer encode needs the text: one TEXT argument, --text-file or --texts-jsonl" -- tokenizer encode "$fixtures/gpt2.json"
+expect 2 "tokenizer encode needs the text: one TEXT argument, --text-file or --texts-jsonl" -- tokenizer encode "$fixtures/gpt2.json" --text-file "$tmp/bad-utf8.txt" "x"
+printf '"a"\n5\n' > "$tmp/texts-bad.jsonl"
+expect 2 "--texts-jsonl $tmp/texts-bad.jsonl line 2 is not a JSON string" -- tokenizer encode "$fixtures/gpt2.json" --texts-jsonl "$tmp/texts-bad.jsonl"
 expect 2 "--text-file $tmp/nonexistent.txt does not exist" -- tokenizer encode "$fixtures/gpt2.json" --text-file "$tmp/nonexistent.txt"
 expect 2 "tokenizer $tmp/nonexistent.json does not exist" -- tokenizer encode "$tmp/nonexistent.json" "x"
 cp "$tmp/corpus/f" "$tmp/notjson.json"
@@ -406,7 +425,7 @@ expect 2 "corpus $tmp/blank.txt holds no text" -- train tiny "${nobos_run[@]}" d
 damaged() {  # damaged NAME PYTHON-EDIT PATTERN: a copy of the finished run with one file edited
   local d="$tmp/damaged-$1"
   rm -rf "$d" && cp -r "$tmp/straight" "$d"
-  python3 - "$d/step-00000300" <<<"$2"
+  python3 - "$d/step-00000100" <<<"$2"
   (cd "$d" && find . -type f | sort | xargs md5sum) >"$tmp/before.md5"
   expect 2 "$3" -- train tiny "${common[@]}" train.out_dir="$d" --resume
   if (cd "$d" && find . -type f | sort | xargs md5sum) | cmp -s - "$tmp/before.md5"; then
@@ -417,9 +436,9 @@ damaged() {  # damaged NAME PYTHON-EDIT PATTERN: a copy of the finished run with
 }
 st='import json, sys; p = sys.argv[1] + "/trainer_state.json"; d = json.load(open(p)); '
 put='; open(p, "w").write(json.dumps(d))'
-damaged negative-step "$st"'d["step"] = -4'"$put" "trainer_state.json: 'step' is -4, outside \[0, train.steps = 300\]"
+damaged negative-step "$st"'d["step"] = -4'"$put" "trainer_state.json: 'step' is -4, outside \[0, train.steps = 100\]"
 damaged absurd-step "$st"'d["step"] = 10**12'"$put" "'step' is 1000000000000"
-damaged renamed-step "$st"'d["step"] = 295'"$put" "'step' is 295 but the folder is step-00000300"
+damaged renamed-step "$st"'d["step"] = 95'"$put" "'step' is 95 but the folder is step-00000100"
 damaged short-rng "$st"'d["rng_cpu"] = d["rng_cpu"][:100]'"$put" "'rng_cpu' has 100 hex digits"
 damaged bad-schedule "$st"'d["schedule_step"] = 301'"$put" "'schedule_step' is 301"
 # The optimizer's state: a moment relabelled as integers, a NaN in a moment, a negative step (each
@@ -434,7 +453,7 @@ damaged empty-optimizer 'import sys, struct; h = b"{}      "; open(sys.argv[1] +
 
 # A finished run resumed: says so, names the checkpoint, writes nothing (twice in a row).
 (cd "$tmp/straight" && find . -type f | sort | xargs md5sum) >"$tmp/before.md5"
-expect 0 "run already complete: .*straight/step-00000300 is at step 300" -- train tiny "${common[@]}" train.out_dir="$tmp/straight" --resume
+expect 0 "run already complete: .*straight/step-00000100 is at step 100" -- train tiny "${common[@]}" train.out_dir="$tmp/straight" --resume
 expect 0 "run already complete" -- train tiny "${common[@]}" train.out_dir="$tmp/straight" --resume
 if (cd "$tmp/straight" && find . -type f | sort | xargs md5sum) | cmp -s - "$tmp/before.md5" && ! grep -q "last loss" "$tmp/out"; then
   pass=$((pass + 1))
@@ -488,7 +507,7 @@ else
 fi
 
 # A checkpoint whose config.json claims 10^8 layers: refused from the weights' headers at once.
-rm -rf "$tmp/huge" && cp -r "$tmp/straight/step-00000300" "$tmp/huge"
+rm -rf "$tmp/huge" && cp -r "$tmp/straight/step-00000100" "$tmp/huge"
 sed -i 's/"num_hidden_layers": *[0-9]*/"num_hidden_layers": 100000000/' "$tmp/huge/config.json"
 expect 2 "config.json implies [0-9]* tensors (100000000 layers) but the weights hold" -- generate --checkpoint "$tmp/huge" --prompt x --tokens 1
 
