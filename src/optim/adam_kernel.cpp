@@ -319,26 +319,10 @@ const AtenRounding& aten_rounding() {
   return rounding;
 }
 
-const char* dense_kernel_name(DenseKernel k) {
-  switch (k) {
-    case DenseKernel::automatic: return "automatic";
-    case DenseKernel::portable: return "portable";
-    case DenseKernel::avx2: return "avx2";
-    case DenseKernel::avx512: return "avx512";
-  }
-  return "automatic";
-}
-
 bool dense_kernel_supported(DenseKernel k) { return k == DenseKernel::automatic || cpu_supports(k); }
 
 DenseKernel dense_kernel_chosen() {
-  static const DenseKernel chosen = [] {
-    const char* env = std::getenv("FRUGAL_CPU_KERNELS");
-    const std::string choice = env ? env : "";
-    if (choice == "portable") return DenseKernel::portable;
-    if (choice != "avx2" && cpu_supports(DenseKernel::avx512)) return DenseKernel::avx512;
-    return cpu_supports(DenseKernel::avx2) ? DenseKernel::avx2 : DenseKernel::portable;
-  }();
+  static const DenseKernel chosen = choose_cpu_kernel(cpu_supports);
   return chosen;
 }
 

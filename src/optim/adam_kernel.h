@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include "frugal/optim/cpu_kernel.h"
 #include "frugal/optim/quantize.h"  // AdamStep, Bf16Rounding
 
 namespace frugal {
@@ -21,10 +22,10 @@ namespace optim {
 // (a + alpha*b) and addcmul (a + (s*b)*c) kernels end in one as its CPU build compiles them
 // (std::fma in the portable loop), so they give identical bits, and torch::optim's where LibTorch
 // rounds the same way (aten_rounding; tested). Tests force each path.
-enum class DenseKernel { automatic, portable, avx2, avx512 };
-const char* dense_kernel_name(DenseKernel k);  // "automatic", "portable", "avx2", "avx512"
-bool dense_kernel_supported(DenseKernel k);    // whether this processor can run that path
-DenseKernel dense_kernel_chosen();             // what automatic runs here
+using DenseKernel = CpuKernel;  // cpu_kernel.h: the paths and FRUGAL_CPU_KERNELS
+inline const char* dense_kernel_name(DenseKernel k) { return cpu_kernel_name(k); }
+bool dense_kernel_supported(DenseKernel k);  // whether this processor can run that path
+DenseKernel dense_kernel_chosen();           // what automatic runs here
 
 // How LibTorch's own fp32 CPU kernels round, checked once on 65536 values (from_blob buffers: no
 // allocation of LibTorch's): whether its sqrt is correctly rounded, as the kernel's is (Debian's

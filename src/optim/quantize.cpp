@@ -598,26 +598,10 @@ void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, Quanti
 
 }  // namespace
 
-const char* quant_kernel_name(QuantKernel k) {
-  switch (k) {
-    case QuantKernel::automatic: return "automatic";
-    case QuantKernel::portable: return "portable";
-    case QuantKernel::avx2: return "avx2";
-    case QuantKernel::avx512: return "avx512";
-  }
-  return "automatic";
-}
-
 bool quant_kernel_supported(QuantKernel k) { return k == QuantKernel::automatic || cpu_supports(k); }
 
 QuantKernel quant_kernel_chosen() {
-  static const QuantKernel chosen = [] {
-    const char* env = std::getenv("FRUGAL_CPU_KERNELS");
-    const std::string choice = env ? env : "";
-    if (choice == "portable") return QuantKernel::portable;
-    if (choice != "avx2" && cpu_supports(QuantKernel::avx512)) return QuantKernel::avx512;
-    return cpu_supports(QuantKernel::avx2) ? QuantKernel::avx2 : QuantKernel::portable;
-  }();
+  static const QuantKernel chosen = choose_cpu_kernel(cpu_supports);
   return chosen;
 }
 

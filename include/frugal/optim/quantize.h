@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "frugal/optim/cpu_kernel.h"
+
 namespace frugal {
 namespace optim {
 
@@ -104,18 +106,17 @@ struct AdamStep {
   bool decoupled;  // AdamW
 };
 
-// Which code runs the fused CPU step. automatic: AVX-512 (F, BW and VBMI: Intel since Ice Lake, AMD
-// since Zen 4) where the processor has it, else AVX2, else a portable loop the compiler vectorises
-// for the build's target; the environment variable FRUGAL_CPU_KERNELS=portable forces the portable
-// loop and FRUGAL_CPU_KERNELS=avx2 stops at AVX2. All do the same fp32 operations in the same order
+// Which code runs the fused CPU step (cpu_kernel.h). automatic: AVX-512 (F, BW and VBMI: Intel since
+// Ice Lake, AMD since Zen 4) where the processor has it, else AVX2, else a portable loop the compiler
+// vectorises for the build's target. All do the same fp32 operations in the same order
 // and find the same codes, so they give identical bits. A path the processor lacks is refused.
 // Blocks a vector path does not take go down a path: AVX-512 takes blocks of a multiple of 64
 // values, AVX2 of 32, and a short last block is the portable loop's.
-enum class QuantKernel { automatic, portable, avx2, avx512 };
-const char* quant_kernel_name(QuantKernel k);  // "automatic", "portable", "avx2", "avx512"
-bool quant_kernel_supported(QuantKernel k);    // whether this processor can run that path
-QuantKernel quant_kernel_chosen();             // what automatic runs here
-bool quant_kernel_vectorized();                // whether that is AVX2 or AVX-512
+using QuantKernel = CpuKernel;  // cpu_kernel.h: the paths and FRUGAL_CPU_KERNELS
+inline const char* quant_kernel_name(QuantKernel k) { return cpu_kernel_name(k); }
+bool quant_kernel_supported(QuantKernel k);  // whether this processor can run that path
+QuantKernel quant_kernel_chosen();           // what automatic runs here
+bool quant_kernel_vectorized();              // whether that is AVX2 or AVX-512
 
 // One Adam(W) step over elements [begin, end) of a CPU parameter whose moments are quantized, fused:
 // per block, dequantize, update the moments and the parameter, requantize. begin is block-aligned;

@@ -1,0 +1,28 @@
+#include "frugal/optim/cpu_kernel.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace frugal {
+namespace optim {
+
+const char* cpu_kernel_name(CpuKernel k) {
+  switch (k) {
+    case CpuKernel::automatic: return "automatic";
+    case CpuKernel::portable: return "portable";
+    case CpuKernel::avx2: return "avx2";
+    case CpuKernel::avx512: return "avx512";
+  }
+  return "automatic";
+}
+
+CpuKernel choose_cpu_kernel(bool (*supports)(CpuKernel)) {
+  const char* env = std::getenv("FRUGAL_CPU_KERNELS");
+  const std::string choice = env ? env : "";
+  if (choice == "portable") return CpuKernel::portable;
+  if (choice != "avx2" && supports(CpuKernel::avx512)) return CpuKernel::avx512;
+  return supports(CpuKernel::avx2) ? CpuKernel::avx2 : CpuKernel::portable;
+}
+
+}  // namespace optim
+}  // namespace frugal
