@@ -108,20 +108,17 @@ BlockLayout block_layout(const Recipe& r, const models::DecoderActivationBytes& 
 // is a plain tensor nothing else holds) or always into a new tensor (1.13). Seen with the tracker.
 constexpr bool kAutogradSumsInPlace = TORCH_VERSION_MAJOR >= 2;
 
-MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const DataParallel& dp = {},
-                                  const std::vector<checkpoint::Segment>* plan = nullptr) {
-  using memory::Category;
-  models::DecoderConfig c = r.model;
-  c.vocab_size = vocab_size;
-  const int64_t e = static_cast<int64_t>(c10::elementSize(r.dtype));  // parameters and activations
-  const int64_t BT = checked_mul(r.batch_size, r.seq_len, "the tokens of a batch"), L = c.n_layers;
-  const bool in_backward = r.in_backward();
+// The parameters' bytes, and the optimizer state of the parameters (and slices) this rank owns,
+// with the estimate's fields about them filled in (parameter count, state in files, fp32 fallbacks).
+struct StaticBytes {
+  int64_t parameters = 0, state = 0, code_tables = 0;
+};
 
-  MemoryEstimate est;
-  // Each byte formula lives with the code that allocates those bytes; this only adds them up.
-  const std::vector<int64_t> numels = models::parameter_numels(c);
+StaticBytes parameters_and_state(const Recipe& r, const std::vector<int64_t>& numels, const DataParallel& dp, MemoryEstimate& est) {
+  StaticBytes out;
+  const int64_t e = static_cast<int64_t>(c10::elementSize(r.dtype));
   for (int64_t n : numels) est.n_params = checked_add(est.n_params, n, "the parameter count");
-  const int64_t P = checked_mul(est.n_params, e, "the parameter bytes");
+  out.parameters = checked_mul(est.n_params, e, "the parameter bytes");
   int64_t S = 0;
   // Data parallel: the state of the parameters, and slices of parameters, this rank owns (the
   // sizes decide the owners).
@@ -148,29 +145,50 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
     est.state_off_device_bytes = S;
     S = 0;
   }
-  const int64_t tables = optim::shared_code_table_bytes(numels, r.optimizer);
-  // inputs and targets, int64, of the whole step (every micro-batch's rows)
-  const int64_t input = checked_mul(checked_mul(BT, 16, "the inputs"), r.optimizer.accumulation_steps(), "the inputs");
-  const at::ScalarType compute = resolve_compute_dtype(r);
-  const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss, compute);
-  est.activation_per_layer = a.block_plain;
-  const BlockLayout layout = block_layout(r, a, L, plan);
+  out.state = S;
+  out.code_tables = optim::shared_code_table_bytes(numels, r.optimizer);
+  return out;
+}
+
+// What forward keeps for backward: each block's activations as the checkpointing leaves them,
+// the head's, and packed examples' mask and positions.
+struct KeptBytes {
+  BlockLayout layout;
+  int64_t all = 0;           // everything forward keeps, at the loss
+  int64_t packed_kept = 0;   // packed examples: kept from the forward's start to its backward's end
+  int64_t packed_input = 0;  // packed examples: their segments, beside the inputs
+};
+
+KeptBytes kept_by_forward(const Recipe& r, const models::DecoderConfig& c, const models::DecoderActivationBytes& a, at::ScalarType compute,
+                          const std::vector<checkpoint::Segment>* plan) {
+  KeptBytes k;
+  k.layout = block_layout(r, a, c.n_layers, plan);
   int64_t kept_blocks = 0;
-  for (int64_t k : layout.kept) kept_blocks = checked_add(kept_blocks, k, "the activations");
-  int64_t kept_all = checked_add(kept_blocks, a.head_kept, "the activations");
+  for (int64_t b : k.layout.kept) kept_blocks = checked_add(kept_blocks, b, "the activations");
+  k.all = checked_add(kept_blocks, a.head_kept, "the activations");
   // Packed examples: each forward's attention mask and per-token positions, kept from its start to
   // the end of its backward (shared by every block), and the segments beside the inputs.
-  int64_t packed_kept = 0, packed_input = 0;
   if (!r.text_data() && r.packing) {
     const models::PackingBytes pb = models::packing_bytes(c, r.batch_size, r.seq_len, r.dtype, compute);
     int64_t plain_blocks = 0;
-    for (const auto& s : layout.segments) plain_blocks += s.checkpointed ? 0 : s.end - s.begin;
-    packed_kept = pb.kept(plain_blocks);
-    packed_input = checked_mul(pb.segments, r.optimizer.accumulation_steps(), "the inputs");
-    kept_all = checked_add(kept_all, packed_kept, "the activations");
+    for (const auto& s : k.layout.segments) plain_blocks += s.checkpointed ? 0 : s.end - s.begin;
+    k.packed_kept = pb.kept(plain_blocks);
+    k.packed_input = checked_mul(pb.segments, r.optimizer.accumulation_steps(), "the inputs");
+    k.all = checked_add(k.all, k.packed_kept, "the activations");
   }
+  return k;
+}
 
-  // The candidate peaks of a step; the estimate is the largest, with its categories.
+// The candidate peaks of one step, in order: the loss's forward and backward, each segment's
+// backward (last first; in backward mode also the update of its largest matrix), the embedding's
+// backward (and its update), and the optimizer step after a standard backward.
+std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c, const models::DecoderActivationBytes& a,
+                                 const KeptBytes& kept, at::ScalarType compute, const std::vector<int64_t>& numels, int64_t parameter_bytes,
+                                 const DataParallel& dp) {
+  const int64_t e = static_cast<int64_t>(c10::elementSize(r.dtype));
+  const bool in_backward = r.in_backward();
+  const BlockLayout& layout = kept.layout;
+  const int64_t kept_all = kept.all, packed_kept = kept.packed_kept, P = parameter_bytes;
   std::vector<Moment> moments;
   //  the loss's forward, on top of everything forward kept;
   moments.push_back({"forward, in the loss", kept_all, a.loss_forward_temporary, 0});
@@ -258,15 +276,37 @@ MemoryEstimate estimate_unchecked(const Recipe& r, int64_t vocab_size, const Dat
   if (accumulating) {
     for (Moment& m : moments) m.gradient = std::max(m.gradient, P);
   }
+  return moments;
+}
+
+// Adds up the byte formulas the layers publish at each candidate moment of a step and takes the
+// largest. Throws std::overflow_error past kMaxSizeBytes; estimate_training_memory names the keys.
+MemoryEstimate add_up_estimate(const Recipe& r, int64_t vocab_size, const DataParallel& dp = {},
+                               const std::vector<checkpoint::Segment>* plan = nullptr) {
+  using memory::Category;
+  models::DecoderConfig c = r.model;
+  c.vocab_size = vocab_size;
+  MemoryEstimate est;
+  // Each byte formula lives with the code that allocates those bytes; this only adds them up.
+  const std::vector<int64_t> numels = models::parameter_numels(c);
+  const StaticBytes fixed = parameters_and_state(r, numels, dp, est);
+  // inputs and targets, int64, of the whole step (every micro-batch's rows)
+  const int64_t BT = checked_mul(r.batch_size, r.seq_len, "the tokens of a batch");
+  const int64_t input = checked_mul(checked_mul(BT, 16, "the inputs"), r.optimizer.accumulation_steps(), "the inputs");
+  const at::ScalarType compute = resolve_compute_dtype(r);
+  const models::DecoderActivationBytes a = models::decoder_activation_bytes(c, r.batch_size, r.seq_len, r.dtype, r.loss, compute);
+  est.activation_per_layer = a.block_plain;
+  const KeptBytes kept = kept_by_forward(r, c, a, compute, plan);
+  const std::vector<Moment> moments = step_moments(r, c, a, kept, compute, numels, fixed.parameters, dp);
   for (const Moment& m : moments) checked_add(checked_add(m.activation, m.temporary, "the peak"), m.gradient, "the peak");
   const Moment peak =
       *std::max_element(moments.begin(), moments.end(), [](const Moment& x, const Moment& y) { return x.total() < y.total(); });
   est.peak_at = peak.what;
   auto& cat = est.by_category;
-  cat[static_cast<int>(Category::parameter)] = P;
-  cat[static_cast<int>(Category::optimizer_state)] = S;
-  cat[static_cast<int>(Category::input)] = checked_add(input, packed_input, "the inputs");
-  cat[static_cast<int>(Category::other)] = tables;
+  cat[static_cast<int>(Category::parameter)] = fixed.parameters;
+  cat[static_cast<int>(Category::optimizer_state)] = fixed.state;
+  cat[static_cast<int>(Category::input)] = checked_add(input, kept.packed_input, "the inputs");
+  cat[static_cast<int>(Category::other)] = fixed.code_tables;
   cat[static_cast<int>(Category::activation)] = peak.activation;
   cat[static_cast<int>(Category::temporary)] = peak.temporary;
   cat[static_cast<int>(Category::gradient)] = peak.gradient;
@@ -286,9 +326,9 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, con
     if (dp.world_size > 1) {
       Recipe share = r;
       share.batch_size = rows;
-      return estimate_unchecked(share, vocab_size, dp, plan);
+      return add_up_estimate(share, vocab_size, dp, plan);
     }
-    return estimate_unchecked(r, vocab_size, dp, plan);
+    return add_up_estimate(r, vocab_size, dp, plan);
   } catch (const std::overflow_error&) {
     // Blame the size keys that, each set to 1 alone, bring the sizes back in range.
     struct SizeKey {
@@ -321,7 +361,7 @@ MemoryEstimate estimate_training_memory(const Recipe& r, int64_t vocab_size, con
       const std::string named = std::string(k.key) + "=" + std::to_string(value);
       all += (all.empty() ? "" : ", ") + named;
       try {
-        estimate_unchecked(probe, probe_vocab);
+        add_up_estimate(probe, probe_vocab);
         blamed += (blamed.empty() ? "" : ", ") + named;
       } catch (const std::overflow_error&) {
       }
