@@ -437,8 +437,8 @@ std::string run_summary(const train::Recipe& recipe, const train::TrainResult& r
     }
   }
   const std::string heading = "peak memory per category (measured peak over " + memory::describe_coverage(result.peak) +
-                              ", reached in step " + std::to_string(result.peak.peak_step) + ", " +
-                              memory::phase_name(result.peak.peak_phase) + "):";
+                              ", reached in step " + std::to_string(result.peak.peak_step) + ", " + memory::phase_name(result.peak.phase) +
+                              "):";
   print_estimate_table(summary, heading.c_str(), result.estimate, &result.peak);
   print_state_placement(summary, recipe, result.estimate);
   summary << "estimated peak of the same job with every technique off: " << io::human_bytes(result.estimate_plain.peak_bytes)
@@ -493,7 +493,7 @@ std::string run_json(const train::Recipe& recipe, const train::TrainResult& resu
   w.key("peak_bytes").value(result.peak.peak_bytes);
   w.key("peak_covers").begin_object().key("first_step").value(result.peak.covers_first_step);
   w.key("last_step").value(result.peak.covers_last_step).end_object();
-  w.key("peak_step").value(result.peak.peak_step).key("peak_phase").value(memory::phase_name(result.peak.peak_phase));
+  w.key("peak_step").value(result.peak.peak_step).key("peak_phase").value(memory::phase_name(result.peak.phase));
   w.key("peak_rss_bytes").value(f.process.peak_rss);
   if (f.gpu.available) {
     w.key("cuda_peak_allocated_bytes").value(f.gpu.peak_allocated_bytes).key("cuda_peak_reserved_bytes").value(f.gpu.peak_reserved_bytes);

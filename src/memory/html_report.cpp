@@ -194,7 +194,7 @@ void write_view(io::JsonWriter& w, const std::string& name, const TraceView& v) 
   w.end_object();
   // The run's peak as its summary reports it: over the step summaries.
   w.key("steps_peak").begin_object().key("bytes").value(v.steps_peak.peak_bytes).key("step").value(v.steps_peak.peak_step);
-  w.key("phase").value(phase_name(v.steps_peak.peak_phase)).key("covers").value(describe_coverage(v.steps_peak)).end_object();
+  w.key("phase").value(phase_name(v.steps_peak.phase)).key("covers").value(describe_coverage(v.steps_peak)).end_object();
   // Markers and table rows as small arrays: [step, t], [phase, begin, end], [step, peak, breakdown].
   w.key("step_starts").begin_array();
   for (const auto& [step, t] : v.step_starts) w.begin_array().value(step).value(t - v.start_us).end_array();

@@ -241,13 +241,8 @@ std::vector<Tracker::StepSummary> step_peaks(const std::vector<LiveSample>& samp
   std::vector<Tracker::StepSummary> out;
   LiveSample before;
   for (const LiveSample& s : samples) {
-    if (out.empty() || out.back().step != s.step) out.push_back({s.step, before.total(), s.time_us, Phase::idle, before.bytes});
-    if (s.total() > out.back().peak_bytes) {
-      out.back().peak_bytes = s.total();
-      out.back().time_us = s.time_us;
-      out.back().phase = s.phase;
-      out.back().breakdown = s.bytes;
-    }
+    if (out.empty() || out.back().step != s.step) out.push_back({{before.total(), s.time_us, Phase::idle, before.bytes}, s.step});
+    out.back().raise(s.total(), s.time_us, s.phase, s.bytes);
     before = s;
   }
   return out;
@@ -261,11 +256,8 @@ PeakReport peak_over_steps(const std::vector<Tracker::StepSummary>& steps, int64
     r.covers_first_step = any ? std::min(r.covers_first_step, s.step) : s.step;
     r.covers_last_step = any ? std::max(r.covers_last_step, s.step) : s.step;
     if (!any || s.peak_bytes > r.peak_bytes) {
-      r.peak_bytes = s.peak_bytes;
-      r.peak_time_us = s.time_us;
+      static_cast<PeakMoment&>(r) = s;
       r.peak_step = s.step;
-      r.peak_phase = s.phase;
-      r.breakdown = s.breakdown;
     }
     any = true;
   }

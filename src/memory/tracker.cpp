@@ -198,21 +198,11 @@ void Tracker::add_live(void* ptr, Allocation a, Phase phase, int64_t t) {  // mu
     limit_report_ = LimitReport{true, false, total_live_, a.bytes, step, phase, category_live_};
     limit_seq_ = seq_;
   }
-  if (total_live_ > peak_.peak_bytes) {
-    peak_.peak_bytes = total_live_;
-    peak_.peak_time_us = t;
+  if (peak_.raise(total_live_, t, phase, category_live_)) {
     peak_.peak_step = step;
-    peak_.peak_phase = phase;
-    peak_.breakdown = category_live_;
     peak_seq_ = seq_;
   }
-  if (total_live_ > current_summary_.peak_bytes) {
-    current_summary_.peak_bytes = total_live_;
-    current_summary_.time_us = t;
-    current_summary_.phase = phase;
-    current_summary_.breakdown = category_live_;
-    current_summary_seq_ = seq_;
-  }
+  if (current_summary_.raise(total_live_, t, phase, category_live_)) current_summary_seq_ = seq_;
 }
 
 void Tracker::settle(Allocation& a, Category category) {
@@ -296,7 +286,7 @@ void Tracker::step_boundary(int64_t step) {  // mutex_ held
     summaries_.push_back(current_summary_);
     summary_seqs_.push_back(current_summary_seq_);
   }
-  current_summary_ = StepSummary{step, total_live_, t, Phase::idle, category_live_};
+  current_summary_ = StepSummary{{total_live_, t, Phase::idle, category_live_}, step};
   current_summary_seq_ = seq_;
   step_.store(step);
   const bool now_capturing = capturing();
@@ -384,7 +374,7 @@ void Tracker::reset_peak() {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t step = step_.load();
-  peak_ = PeakReport{total_live_, t, step, Phase::idle, category_live_, step, step};
+  peak_ = PeakReport{{total_live_, t, Phase::idle, category_live_}, step, step, step};
   peak_seq_ = seq_;
 }
 
@@ -515,7 +505,7 @@ MemoryReport MemoryReport::from(const PeakReport& p) {
   MemoryReport r;
   r.peak_bytes = p.peak_bytes;
   r.peak_step = p.peak_step;
-  r.peak_phase = p.peak_phase;
+  r.peak_phase = p.phase;
   r.first_step = p.covers_first_step;
   r.last_step = p.covers_last_step;
   auto at = [&](Category c) { return p.breakdown[static_cast<int>(c)]; };

@@ -74,12 +74,28 @@ struct MemoryEvent {
 using CategoryBytes = std::array<int64_t, kNumCategories>;
 struct Trace;  // trace.h
 
-struct PeakReport {
-  int64_t peak_bytes = 0;    // highest live total
-  int64_t peak_time_us = 0;  // when it was reached
-  int64_t peak_step = -1;
-  Phase peak_phase = Phase::idle;
+// The highest live total over some span and what made it up: a step's summary and a run's peak
+// are each one, updated by raise() alone.
+struct PeakMoment {
+  int64_t peak_bytes = 0;     // highest live total
+  int64_t time_us = 0;        // when it was first reached
+  Phase phase = Phase::idle;  // in which phase
   CategoryBytes breakdown{};  // live bytes per category at that moment
+  // Takes this moment when total is above the peak so far (a tie keeps the earlier one); true
+  // when it did.
+  bool raise(int64_t total, int64_t t, Phase p, const CategoryBytes& bytes) {
+    if (total <= peak_bytes) return false;
+    peak_bytes = total;
+    time_us = t;
+    phase = p;
+    breakdown = bytes;
+    return true;
+  }
+};
+
+// A run's peak: the moment, the step it fell in, and the steps it covers.
+struct PeakReport : PeakMoment {
+  int64_t peak_step = -1;
   // What the peak covers: the steps from covers_first_step to covers_last_step (-1: before the
   // first step, i.e. set-up).
   int64_t covers_first_step = -1, covers_last_step = -1;
@@ -172,12 +188,9 @@ class Tracker {
   // one of these (all steps when empty); every step still gets a summary.
   void set_capture_steps(std::vector<int64_t> steps);
   // One step's peak and what made it up.
-  struct StepSummary {
+  // One step's peak and what made it up (from what was live at its start).
+  struct StepSummary : PeakMoment {
     int64_t step = -1;
-    int64_t peak_bytes = 0;     // highest live total during the step (from what was live at its start)
-    int64_t time_us = 0;        // when it was first reached
-    Phase phase = Phase::idle;  // in which phase
-    CategoryBytes breakdown{};  // at that moment
   };
   std::vector<StepSummary> step_summaries() const;  // steps closed so far, and the current one
 
