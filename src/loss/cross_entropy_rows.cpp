@@ -3,12 +3,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FRUGAL_X86_KERNELS 1
-#include <immintrin.h>
-#else
-#define FRUGAL_X86_KERNELS 0
-#endif
+#include "../precision/x86_kernels.h"
 
 #include <algorithm>
 #include <cmath>

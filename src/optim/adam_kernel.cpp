@@ -20,12 +20,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FRUGAL_X86_KERNELS 1
-#include <immintrin.h>
-#else
-#define FRUGAL_X86_KERNELS 0
-#endif
+#include "../precision/x86_kernels.h"
 
 namespace frugal {
 namespace optim {
@@ -244,11 +239,7 @@ bool cpu_supports(DenseKernel k) {
 #endif
 }
 
-DenseKernel resolve(DenseKernel k) {
-  if (k == DenseKernel::automatic) return dense_kernel_chosen();
-  TORCH_CHECK(cpu_supports(k), "the ", dense_kernel_name(k), " optimizer kernel needs a processor that has it");
-  return k;
-}
+DenseKernel resolve(DenseKernel k) { return resolve_cpu_kernel(k, cpu_supports, dense_kernel_chosen(), "optimizer kernel"); }
 
 // Threads over groups of 64 elements (a whole number of vectors per thread), at least 32K a thread.
 template <class Scalars>

@@ -1,5 +1,7 @@
 #include "frugal/optim/cpu_kernel.h"
 
+#include <c10/util/Exception.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -22,6 +24,12 @@ CpuKernel choose_cpu_kernel(bool (*supports)(CpuKernel)) {
   if (choice == "portable") return CpuKernel::portable;
   if (choice != "avx2" && supports(CpuKernel::avx512)) return CpuKernel::avx512;
   return supports(CpuKernel::avx2) ? CpuKernel::avx2 : CpuKernel::portable;
+}
+
+CpuKernel resolve_cpu_kernel(CpuKernel k, bool (*supports)(CpuKernel), CpuKernel chosen, const char* what) {
+  if (k == CpuKernel::automatic) return chosen;
+  TORCH_CHECK(supports(k), "the ", cpu_kernel_name(k), " ", what, " needs a processor that has it");
+  return k;
 }
 
 }  // namespace optim

@@ -9,12 +9,7 @@
 #include <cmath>
 #include <ATen/Parallel.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FRUGAL_X86_KERNELS 1
-#include <immintrin.h>
-#else
-#define FRUGAL_X86_KERNELS 0
-#endif
+#include "../precision/x86_kernels.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -456,11 +451,7 @@ bool cpu_supports(QuantKernel k) {
 #endif
 }
 
-QuantKernel resolve(QuantKernel k) {
-  if (k == QuantKernel::automatic) return quant_kernel_chosen();
-  TORCH_CHECK(cpu_supports(k), "the ", quant_kernel_name(k), " quantized-state kernel needs a processor that has it");
-  return k;
-}
+QuantKernel resolve(QuantKernel k) { return resolve_cpu_kernel(k, cpu_supports, quant_kernel_chosen(), "quantized-state kernel"); }
 
 // One block: decode, update, encode. `vector`: a full block of the AVX2 path.
 template <int Bits>

@@ -29,12 +29,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FRUGAL_X86_KERNELS 1
-#include <immintrin.h>
-#else
-#define FRUGAL_X86_KERNELS 0
-#endif
+#include "../precision/x86_kernels.h"
 
 namespace frugal {
 namespace optim {

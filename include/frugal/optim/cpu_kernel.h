@@ -20,5 +20,9 @@ const char* cpu_kernel_name(CpuKernel k);
 // The path automatic runs: the widest `supports` allows, narrowed by FRUGAL_CPU_KERNELS.
 CpuKernel choose_cpu_kernel(bool (*supports)(CpuKernel));
 
+// The path a call asked for runs: `chosen` for automatic, k itself where `supports` allows it;
+// otherwise throws c10::Error, "the <k> <what> needs a processor that has it".
+CpuKernel resolve_cpu_kernel(CpuKernel k, bool (*supports)(CpuKernel), CpuKernel chosen, const char* what);
+
 }  // namespace optim
 }  // namespace frugal
