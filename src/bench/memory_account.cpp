@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "frugal/checkpoint/policy.h"
 #include "frugal/io/json.h"
@@ -146,29 +147,30 @@ double AccountResult::measured_over_predicted() const {
   return static_cast<double>(none->saved_bytes) / static_cast<double>(predicted_saved_bytes_none);
 }
 
-AccountResult run_memory_account(const AccountConfig& config, const std::function<void(const std::string&)>& progress) {
-  const std::string invalid = validate(config);
-  TORCH_CHECK(invalid.empty(), invalid);
-  auto say = [&](const std::string& line) {
-    if (progress) progress(line);
-  };
-  const int64_t L = config.layers, d = config.width, B = config.batch, T = config.seq;
-  const bool cuda = config.device.is_cuda();
+namespace {
 
-  AccountResult result;
-  result.config = config;
-  auto tracker = memory::Tracker::create();
-  result.tracker = tracker;
+// One run of the account: the blocks, their input and the tracker, and every way of running the
+// chain measured so far (named; timed at the end without the tracker).
+struct Account {
+  Account(const AccountConfig& c, std::function<void(const std::string&)> progress, AccountResult& r)
+      : config(c), say(std::move(progress)), result(r), tracker(memory::Tracker::create()) {}
+
+  const AccountConfig& config;
+  std::function<void(const std::string&)> say;
+  AccountResult& result;
+  std::shared_ptr<memory::Tracker> tracker;
   Stack stack;
   at::Tensor x;
-  std::vector<std::pair<std::string, Runner>> runs;  // (name, runner) of every variant and plan, for timing
-  {
-    memory::TrackingGuard tracking(tracker);
+  std::vector<std::pair<std::string, Runner>> runs;  // the budgets' plans, the variants, then the attention kernels after explicit
+  StepMeasure plain;                                 // the reference run: no checkpointing, explicit attention
+
+  // The blocks (parameter) and the input (input), under the tracker.
+  void build() {
     torch::manual_seed(config.seed);
     {
       memory::CategoryScope scope(Category::parameter);
-      for (int64_t i = 0; i < L; ++i) {
-        stack.blocks.emplace_back(d, config.heads);
+      for (int64_t i = 0; i < config.layers; ++i) {
+        stack.blocks.emplace_back(config.width, config.heads);
         stack.blocks.back()->to(config.device);
       }
     }
@@ -176,15 +178,14 @@ AccountResult run_memory_account(const AccountConfig& config, const std::functio
     for (const auto& b : stack.blocks) {
       for (const auto& p : b->parameters()) stack.params.push_back(p);
     }
-    {
-      memory::CategoryScope scope(Category::input);
-      x = at::randn({B, T, d}, at::TensorOptions().device(config.device));  // (B, T, d)
-    }
+    memory::CategoryScope scope(Category::input);
+    x = at::randn({config.batch, config.seq, config.width}, at::TensorOptions().device(config.device));  // (B, T, d)
+  }
 
-    // (a) parameters, gradients and AdamW state: formula, real tensors, tracker
-    // Each experiment is labelled in the trace, so the report names every hump of the chart.
+  // (a) parameters, gradients and AdamW state: formula, real tensors, tracker, over one AdamW step.
+  void measure_parameters_gradients_and_state() {
     tracker->label("set-up");
-    result.n_params_formula = models::block_param_count(L, d);
+    result.n_params_formula = models::block_param_count(config.layers, config.width);
     for (const auto& p : stack.params) {
       result.n_params += p.numel();
       result.param_bytes.tensors += tensor_bytes(p);
@@ -212,58 +213,63 @@ AccountResult run_memory_account(const AccountConfig& config, const std::functio
       adamw.step();
     }
     for (const auto& entry : adamw.state()) {
-      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
-      result.adamw_state_bytes.tensors += tensor_bytes(s.exp_avg()) + tensor_bytes(s.exp_avg_sq());
+      const auto& st = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
+      result.adamw_state_bytes.tensors += tensor_bytes(st.exp_avg()) + tensor_bytes(st.exp_avg_sq());
     }
     result.adamw_state_bytes.formula = 2 * result.n_params_formula * 4;
     result.adamw_state_bytes.tracked = category_bytes(*tracker, Category::optimizer_state);
     clear_grads(stack.params);
+  }
 
-    // The plain run: reference gradients and activation peak.
+  // The plain run: the reference gradients and activation peak.
+  void measure_plain() {
     tracker->label("none");
-    const StepMeasure plain = measure_step(*tracker, stack, x, [&](const at::Tensor& in) {
+    plain = measure_step(*tracker, stack, x, [this](const at::Tensor& in) {
       return checkpoint::run_chain(stack.chain, in, checkpoint::CheckpointPolicy::none());
     });
     result.activation_peak_none = plain.activation_peak;
+  }
 
-    // (f) budget plans: measure each block once, plan, run the plan, measure it.
-    if (!config.budget_bytes.empty() || !config.budget_fractions.empty()) {
-      say("measuring each block for the planner");
-      tracker->label("planner: measuring each block");
-      const auto costs = checkpoint::measure_chain(stack.chain, x);
-      result.planner_predicted_none = checkpoint::no_checkpoint_plan(costs).predicted_bytes;
-      std::vector<int64_t> budgets = config.budget_bytes;
-      for (double f : config.budget_fractions) {
-        budgets.push_back(static_cast<int64_t>(f * static_cast<double>(plain.activation_peak)));
-      }
-      for (int64_t budget : budgets) {
-        BudgetResult br;
-        br.budget_bytes = budget;
-        br.min_achievable_bytes = checkpoint::min_achievable_bytes(costs);
-        br.sqrt_n = checkpoint::sqrt_n_plan(costs);
-        const auto plan = checkpoint::plan_for_budget(costs, budget);
-        br.feasible = plan.has_value();
-        if (!br.feasible) {
-          result.budgets.push_back(br);
-          return result;  // nothing else is meaningful for an impossible budget
-        }
-        br.plan = *plan;
-        say("running the plan for a budget of " + std::to_string(budget) + " bytes: " + plan->describe());
-        Runner runner = [&stack, p = *plan](const at::Tensor& in) { return checkpoint::run_plan(stack.chain, in, p); };
-        tracker->label("budget " + io::human_bytes(budget));
-        const StepMeasure m = measure_step(*tracker, stack, x, runner);
-        br.measured_bytes = m.activation_peak;
-        br.max_grad_diff = max_abs_diff(m.grads, plain.grads);
-        runs.emplace_back("budget " + std::to_string(budget), runner);
+  // (f) budget plans: measure each block once, plan, run each plan and measure it. False when a
+  // budget is impossible (nothing after it is meaningful).
+  bool measure_budgets() {
+    if (config.budget_bytes.empty() && config.budget_fractions.empty()) return true;
+    say("measuring each block for the planner");
+    tracker->label("planner: measuring each block");
+    const auto costs = checkpoint::measure_chain(stack.chain, x);
+    result.planner_predicted_none = checkpoint::no_checkpoint_plan(costs).predicted_bytes;
+    std::vector<int64_t> budgets = config.budget_bytes;
+    for (double f : config.budget_fractions) budgets.push_back(static_cast<int64_t>(f * static_cast<double>(plain.activation_peak)));
+    for (int64_t budget : budgets) {
+      BudgetResult br;
+      br.budget_bytes = budget;
+      br.min_achievable_bytes = checkpoint::min_achievable_bytes(costs);
+      br.sqrt_n = checkpoint::sqrt_n_plan(costs);
+      const auto plan = checkpoint::plan_for_budget(costs, budget);
+      br.feasible = plan.has_value();
+      if (!br.feasible) {
         result.budgets.push_back(br);
+        return false;
       }
+      br.plan = *plan;
+      say("running the plan for a budget of " + std::to_string(budget) + " bytes: " + plan->describe());
+      Runner runner = [this, p = *plan](const at::Tensor& in) { return checkpoint::run_plan(stack.chain, in, p); };
+      tracker->label("budget " + io::human_bytes(budget));
+      const StepMeasure m = measure_step(*tracker, stack, x, runner);
+      br.measured_bytes = m.activation_peak;
+      br.max_grad_diff = max_abs_diff(m.grads, plain.grads);
+      runs.emplace_back("budget " + std::to_string(budget), runner);
+      result.budgets.push_back(br);
     }
+    return true;
+  }
 
-    // (b) bytes kept between forward and backward, (d) gradient equality, per variant.
+  // (b) bytes kept between forward and backward, (d) gradient equality, per variant.
+  void measure_variants() {
     for (const std::string& name : config.variants) {
       say("measuring " + name);
       const auto policy = checkpoint::CheckpointPolicy::parse(name);
-      Runner runner = [&stack, policy](const at::Tensor& in) { return checkpoint::run_chain(stack.chain, in, policy); };
+      Runner runner = [this, policy](const at::Tensor& in) { return checkpoint::run_chain(stack.chain, in, policy); };
       if (name != "none") tracker->label(name);
       const StepMeasure m = name == "none" ? plain : measure_step(*tracker, stack, x, runner);
       VariantResult v;
@@ -273,20 +279,23 @@ AccountResult run_memory_account(const AccountConfig& config, const std::functio
       result.variants.push_back(v);
       runs.emplace_back(name, runner);
     }
+  }
 
-    // (h) each attention kernel without checkpointing: explicit is the plain run above; another
-    // kernel runs the same blocks, weights and input.
+  // (h) each attention kernel without checkpointing: explicit is the plain run; another kernel
+  // runs the same blocks, weights and input.
+  void measure_attentions() {
     for (models::AttentionKernel kernel : config.attentions) {
       AttentionResult a;
       a.kernel = kernel;
-      a.predicted_saved_bytes = models::predicted_saved_bytes(L, B, T, d, config.heads, 4, kernel);
+      a.predicted_saved_bytes =
+          models::predicted_saved_bytes(config.layers, config.batch, config.seq, config.width, config.heads, 4, kernel);
       if (kernel == models::AttentionKernel::explicit_softmax) {
         a.saved_bytes = plain.kept_bytes;
       } else {
         const std::string name = std::string("attention ") + models::attention_kernel_name(kernel);
         say("measuring " + name);
         // The kernel is read in forward only, so the blocks go back to explicit once it has run.
-        Runner runner = [&stack, kernel](const at::Tensor& in) {
+        Runner runner = [this, kernel](const at::Tensor& in) {
           set_attention(stack, kernel);
           at::Tensor y = checkpoint::run_chain(stack.chain, in, checkpoint::CheckpointPolicy::none());
           set_attention(stack, models::AttentionKernel::explicit_softmax);
@@ -302,8 +311,8 @@ AccountResult run_memory_account(const AccountConfig& config, const std::functio
     }
   }
 
-  // (c) forward+backward time, without the tracker (its bookkeeping would be timed too)
-  if (config.timing) {
+  // (c) forward+backward time of every run, without the tracker (its bookkeeping would be timed too).
+  void time_runs() {
     for (size_t i = 0; i < runs.size(); ++i) {
       say("timing " + runs[i].first);
       std::vector<double> seconds;
@@ -311,12 +320,11 @@ AccountResult run_memory_account(const AccountConfig& config, const std::functio
         clear_grads(stack.params);
         const auto t0 = std::chrono::steady_clock::now();
         runs[i].second(x).pow(2).mean().backward();
-        if (cuda) torch::cuda::synchronize(config.device.index());
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (r >= config.timing_warmup) seconds.push_back(s);
+        if (config.device.is_cuda()) torch::cuda::synchronize(config.device.index());
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r >= config.timing_warmup) seconds.push_back(sec);
       }
       const double t = median(seconds);
-      // runs: the budgets' plans, the variants, then the attention kernels after explicit
       const size_t nb = result.budgets.size(), nv = result.variants.size();
       if (i < nb) {
         result.budgets[i].time_s = t;
@@ -330,23 +338,49 @@ AccountResult run_memory_account(const AccountConfig& config, const std::functio
     if (const VariantResult* none = result.find("none")) result.attentions.front().time_s = none->time_s;
   }
 
-  // (g) the optimizer step after backward vs inside it
-  if (config.optimizer_modes) {
+  // (g) the optimizer step after backward against inside it, on the same shapes.
+  void compare_optimizer_modes() {
     say("comparing the optimizer step after and inside backward");
     OptimInBackwardConfig oc;
-    oc.layers = L;
-    oc.width = d;
+    oc.layers = config.layers;
+    oc.width = config.width;
     oc.heads = config.heads;
-    oc.batch = B;
-    oc.seq = T;
+    oc.batch = config.batch;
+    oc.seq = config.seq;
     oc.seed = config.seed;
     oc.device = config.device;
     oc.timing_runs = config.timing ? config.timing_runs : 0;
     result.optimizer_modes = run_optim_in_backward_benchmark(oc);
   }
+};
 
+}  // namespace
+
+AccountResult run_memory_account(const AccountConfig& config, const std::function<void(const std::string&)>& progress) {
+  const std::string invalid = validate(config);
+  TORCH_CHECK(invalid.empty(), invalid);
+  AccountResult result;
+  result.config = config;
+  Account account(
+      config,
+      [&](const std::string& line) {
+        if (progress) progress(line);
+      },
+      result);
+  result.tracker = account.tracker;
+  {
+    memory::TrackingGuard tracking(account.tracker);
+    account.build();
+    account.measure_parameters_gradients_and_state();
+    account.measure_plain();
+    if (!account.measure_budgets()) return result;  // an impossible budget
+    account.measure_variants();
+    account.measure_attentions();
+  }
+  if (config.timing) account.time_runs();
+  if (config.optimizer_modes) account.compare_optimizer_modes();
   // (e) prediction
-  result.predicted_saved_bytes_none = models::predicted_saved_bytes(L, B, T, d, config.heads);
+  result.predicted_saved_bytes_none = models::predicted_saved_bytes(config.layers, config.batch, config.seq, config.width, config.heads);
   return result;
 }
 
