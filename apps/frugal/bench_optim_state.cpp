@@ -27,6 +27,119 @@
 namespace frugal {
 namespace cli {
 
+namespace {
+
+// The fp32 run holds weights, gradients and both moments in fp32 (16 bytes a parameter) at once:
+// more than the machine's memory would swap for hours before the allocator gave up.
+void check_params_fit_memory(int64_t params) {
+  const int64_t physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  if (physical > 0 && params > physical / 16) {
+    throw UsageError("--params " + std::to_string(params) + " needs about " +
+                     (params > INT64_MAX / 16 ? std::string("more than 8 EiB") : io::human_bytes(16 * params)) +
+                     " (16 bytes a parameter for fp32 weights, gradients and AdamW state), more than this machine's " +
+                     io::human_bytes(physical) + " of memory");
+  }
+}
+
+// The memory bandwidth a plain copy reaches with the same threads: `bytes` of fp32 copied by
+// at::Tensor::copy_, counted as read + written (the median of 5 after one untimed). The processor
+// also reads each destination line before writing it, which the count leaves out; a step reads
+// everything it writes anyway, so it can pass 100% of this figure.
+double copy_bandwidth_gbs(int64_t bytes) {
+  const at::Tensor src = at::ones({bytes / 4}), dst = at::empty_like(src);
+  std::vector<double> times;
+  for (int r = 0; r <= 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dst.copy_(src);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) times.push_back(s);
+  }
+  std::sort(times.begin(), times.end());
+  return 2.0 * static_cast<double>(bytes) / times[times.size() / 2] / 1e9;
+}
+
+struct Row {
+  int64_t params = 0;  // in the timed step
+  double bytes_per_param = 0, step_s = 0, final_loss = 0;
+  int64_t state_bytes = 0;
+  double ns_per_param = 0;
+  // What one step reads and writes per parameter: the fp32 parameter (read, written), its fp32
+  // gradient (read), and both moments' state (codes and scales, or the dense values: read, written).
+  double moved_per_param = 0, achieved_gbs = 0;
+  std::vector<double> losses;  // one per training step
+};
+
+// The timed parameters: 2048-wide fp32 matrices, each at most 2048 rows, about `params` in all.
+struct Shapes {
+  static constexpr int64_t kWidth = 2048;
+  int64_t rows, matrices, last_rows;
+  explicit Shapes(int64_t params)
+      : rows(std::max<int64_t>(1, params / kWidth)),
+        matrices(std::max<int64_t>(1, rows / kWidth)),
+        last_rows(rows - (matrices - 1) * kWidth) {}
+};
+
+// One timed step of an optimizer over fresh fp32 parameters of those shapes: the median of `runs`
+// steps after one untimed (which makes the state), fresh random gradients before each.
+Row time_step(const optim::OptimizerOptions& options, const Shapes& shapes, int64_t runs) {
+  torch::OrderedDict<std::string, at::Tensor> named;
+  Row row;
+  for (int64_t m = 0; m < shapes.matrices; ++m) {
+    at::Tensor w = at::randn({m + 1 == shapes.matrices ? shapes.last_rows : Shapes::kWidth, Shapes::kWidth}).requires_grad_();
+    named.insert(std::string("w").append(std::to_string(m)), w);  // not "w" + to_string: GCC 12 warns falsely (-Wrestrict)
+    row.params += w.numel();
+  }
+  optim::Optimizer opt(named, options);
+  std::vector<double> times;
+  for (int64_t r = 0; r <= runs; ++r) {
+    for (auto& item : named) item.value().mutable_grad() = at::randn_like(item.value());
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.step();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) times.push_back(s);  // the first step creates the state
+    opt.zero_grad();
+  }
+  std::sort(times.begin(), times.end());
+  const auto n = static_cast<double>(row.params);
+  row.step_s = times[times.size() / 2];
+  row.state_bytes = opt.state_bytes();
+  row.bytes_per_param = static_cast<double>(opt.state_bytes()) / n;
+  row.ns_per_param = row.step_s * 1e9 / n;
+  row.moved_per_param = 4 + 4 + 4 + 2 * row.bytes_per_param;
+  row.achieved_gbs = row.moved_per_param * n / row.step_s / 1e9;
+  return row;
+}
+
+// The curves side by side: the mean loss over each tenth of the run.
+void print_loss_curves(const std::vector<optim::StatePrecision>& precisions, const std::vector<Row>& rows, int64_t steps) {
+  const size_t window = std::max<size_t>(1, static_cast<size_t>(steps) / 10);
+  std::fprintf(stderr, "\nloss curves (mean over each %zu steps)\n%10s", window, "steps");
+  for (auto p : precisions) std::fprintf(stderr, " %8s", optim::precision_name(p));
+  std::fprintf(stderr, "\n");
+  for (size_t start = 0; start < rows[0].losses.size(); start += window) {
+    std::fprintf(stderr, "%4zu..%-4zu", start + 1, std::min(start + window, rows[0].losses.size()));
+    for (const Row& row : rows) {
+      const size_t stop = std::min(start + window, row.losses.size());
+      double mean = 0;
+      for (size_t k = start; k < stop; ++k) mean += row.losses[k] / static_cast<double>(stop - start);
+      std::fprintf(stderr, " %8.4f", mean);
+    }
+    std::fprintf(stderr, "\n");
+  }
+}
+
+// bytes_per_param, step time, ns_per_param, bytes moved and GB/s (against copy) of one row.
+void write_row_figures(io::JsonWriter& w, const Row& row, double copy_gbs) {
+  w.key("bytes_per_param").value(row.bytes_per_param);
+  w.key("step_time_s").value(row.step_s);
+  w.key("ns_per_param").value(row.ns_per_param);
+  w.key("bytes_moved_per_param").value(row.moved_per_param);
+  w.key("achieved_gbs").value(row.achieved_gbs);
+  w.key("fraction_of_copy_bandwidth").value(row.achieved_gbs / copy_gbs);
+}
+
+}  // namespace
+
 int bench_optim_state(int argc, char** argv) {
   int64_t params = 50'000'000, steps = 0, runs = 5;
   std::string json_out = "-", recipe_path = "default";
@@ -43,15 +156,7 @@ int bench_optim_state(int argc, char** argv) {
   args.add_string("recipe", &recipe_path, "the recipe for --steps: a file or a shipped recipe's name", "RECIPE");
   args.add_output("json-out", &json_out, "where to write the JSON ('-' for standard output)", "FILE");
   if (!args.parse(argc, argv, 3)) return 0;
-  // The fp32 run holds weights, gradients and both moments in fp32 (16 bytes a parameter) at once:
-  // more than the machine's memory would swap for hours before the allocator gave up.
-  const int64_t physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
-  if (physical > 0 && params > physical / 16) {
-    throw UsageError("--params " + std::to_string(params) + " needs about " +
-                     (params > INT64_MAX / 16 ? std::string("more than 8 EiB") : io::human_bytes(16 * params)) +
-                     " (16 bytes a parameter for fp32 weights, gradients and AdamW state), more than this machine's " +
-                     io::human_bytes(physical) + " of memory");
-  }
+  check_params_fit_memory(params);
   // The recipe is used last: check it, and every key the runs will set, before the timed steps.
   recipe_path = resolve_recipe(recipe_path);
   std::string data_files[2];  // where the recipe keeps its tokenizer and tokens: shared by the runs
@@ -72,28 +177,11 @@ int bench_optim_state(int argc, char** argv) {
   if (steps > 0) check_recipe_inputs(recipe_for(optim::StatePrecision::fp32, io::TempDir::base()), /*data=*/true);
 
   warn_if_slow_blas();
-  const int64_t width = 2048, rows = std::max<int64_t>(1, params / width);
-  const int64_t matrices = std::max<int64_t>(1, rows / width), last_rows = rows - (matrices - 1) * width;
+  const Shapes shapes(params);
   const std::vector<optim::StatePrecision> precisions = {optim::StatePrecision::fp32, optim::StatePrecision::bf16,
                                                          optim::StatePrecision::int8, optim::StatePrecision::int4};
-  // The memory bandwidth a plain copy reaches with the same threads: 256 MiB of fp32 copied by
-  // at::Tensor::copy_, counted as read + written (the median of 5 after one untimed). The processor
-  // also reads each destination line before writing it, which the count leaves out; a step reads
-  // everything it writes anyway, so it can pass 100% of this figure.
   const int64_t copy_bytes = int64_t{256} << 20;
-  double copy_gbs = 0;
-  {
-    const at::Tensor src = at::ones({copy_bytes / 4}), dst = at::empty_like(src);
-    std::vector<double> times;
-    for (int r = 0; r <= 5; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      dst.copy_(src);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) times.push_back(s);
-    }
-    std::sort(times.begin(), times.end());
-    copy_gbs = 2.0 * static_cast<double>(copy_bytes) / times[times.size() / 2] / 1e9;
-  }
+  const double copy_gbs = copy_bandwidth_gbs(copy_bytes);
   std::fprintf(
       stderr, "copy  %.1f GB/s (at::Tensor::copy_ of %s, read + written; intra-op threads: %d); quantized kernel %s; dense kernel %s%s\n",
       copy_gbs, io::human_bytes(copy_bytes).c_str(), at::get_num_threads(), optim::quant_kernel_name(optim::quant_kernel_chosen()),
@@ -101,69 +189,26 @@ int bench_optim_state(int argc, char** argv) {
       !optim::adam_takes_dense_kernel() ? " (not for Adam(W) here: LibTorch's multiply-adds are not fused, so it keeps ATen's operations)"
       : optim::adam_kernel_gives_aten_bits() ? " (Adam(W): torch::optim's bits)"
                                              : " (Adam(W): within an ulp a step of torch::optim, whose sqrt here is MKL's)");
-  struct Row {
-    double bytes_per_param = 0, step_s = 0, final_loss = 0;
-    int64_t state_bytes = 0;
-    double ns_per_param = 0;
-    // What one step reads and writes per parameter: the fp32 parameter (read, written), its fp32
-    // gradient (read), and both moments' state (codes and scales, or the dense values: read, written).
-    double moved_per_param = 0, achieved_gbs = 0;
-    std::vector<double> losses;  // one per training step
-  };
-  // One timed step of an optimizer over fresh fp32 parameters of the same shapes: the median of
-  // --runs steps after one untimed (which makes the state), fresh random gradients before each.
-  // moved_state_per_param: the state bytes a step reads and writes per parameter, beside the fp32
-  // parameter (read, written) and its fp32 gradient (read).
-  const auto time_step = [&](const optim::OptimizerOptions& options, Row& row) {
-    torch::OrderedDict<std::string, at::Tensor> named;
-    int64_t n = 0;
-    for (int64_t m = 0; m < matrices; ++m) {
-      at::Tensor w = at::randn({m + 1 == matrices ? last_rows : width, width}).requires_grad_();
-      named.insert(std::string("w").append(std::to_string(m)), w);  // not "w" + to_string: GCC 12 warns falsely (-Wrestrict)
-      n += w.numel();
-    }
-    optim::Optimizer opt(named, options);
-    std::vector<double> times;
-    for (int64_t r = 0; r <= runs; ++r) {
-      for (auto& item : named) item.value().mutable_grad() = at::randn_like(item.value());
-      const auto t0 = std::chrono::steady_clock::now();
-      opt.step();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) times.push_back(s);  // the first step creates the state
-      opt.zero_grad();
-    }
-    std::sort(times.begin(), times.end());
-    row.step_s = times[times.size() / 2];
-    row.state_bytes = opt.state_bytes();
-    row.bytes_per_param = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
-    row.ns_per_param = row.step_s * 1e9 / static_cast<double>(n);
-    row.moved_per_param = 4 + 4 + 4 + 2 * row.bytes_per_param;
-    row.achieved_gbs = row.moved_per_param * static_cast<double>(n) / row.step_s / 1e9;
-    return n;
-  };
-  std::vector<Row> rows_out(precisions.size());
-  for (size_t i = 0; i < precisions.size(); ++i) {
-    Row& row = rows_out[i];
-    const int64_t n =
-        time_step(optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(optim::StateOptions().precision(precisions[i])), row);
+  std::vector<Row> rows_out;
+  for (optim::StatePrecision p : precisions) {
+    rows_out.push_back(
+        time_step(optim::OptimizerOptions().lr(1e-3).weight_decay(0.01).state(optim::StateOptions().precision(p)), shapes, runs));
+    const Row& row = rows_out.back();
     std::fprintf(stderr,
                  "%-5s %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32's step time\n"
                  "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
-                 optim::precision_name(precisions[i]), row.bytes_per_param, io::human_bytes(row.state_bytes).c_str(), row.step_s * 1e3,
-                 static_cast<long long>(n), row.step_s / rows_out[0].step_s, row.ns_per_param, row.moved_per_param, row.achieved_gbs,
-                 100 * row.achieved_gbs / copy_gbs);
+                 optim::precision_name(p), row.bytes_per_param, io::human_bytes(row.state_bytes).c_str(), row.step_s * 1e3,
+                 static_cast<long long>(row.params), row.step_s / rows_out[0].step_s, row.ns_per_param, row.moved_per_param,
+                 row.achieved_gbs, 100 * row.achieved_gbs / copy_gbs);
   }
   // SGD with momentum (PyTorch's SGD(momentum=0.9, weight_decay=0.01)): one fp32 momentum buffer.
-  Row sgd;
-  {
-    const int64_t n = time_step(optim::OptimizerOptions().algorithm(optim::Algorithm::sgd).lr(1e-3).momentum(0.9).weight_decay(0.01), sgd);
-    std::fprintf(stderr,
-                 "sgd   momentum, %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32 AdamW's step time\n"
-                 "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
-                 sgd.bytes_per_param, io::human_bytes(sgd.state_bytes).c_str(), sgd.step_s * 1e3, static_cast<long long>(n),
-                 sgd.step_s / rows_out[0].step_s, sgd.ns_per_param, sgd.moved_per_param, sgd.achieved_gbs,
-                 100 * sgd.achieved_gbs / copy_gbs);
-  }
+  const Row sgd =
+      time_step(optim::OptimizerOptions().algorithm(optim::Algorithm::sgd).lr(1e-3).momentum(0.9).weight_decay(0.01), shapes, runs);
+  std::fprintf(stderr,
+               "sgd   momentum, %.3f bytes/param (%s), step %.1f ms over %lld parameters, %.2fx fp32 AdamW's step time\n"
+               "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
+               sgd.bytes_per_param, io::human_bytes(sgd.state_bytes).c_str(), sgd.step_s * 1e3, static_cast<long long>(sgd.params),
+               sgd.step_s / rows_out[0].step_s, sgd.ns_per_param, sgd.moved_per_param, sgd.achieved_gbs, 100 * sgd.achieved_gbs / copy_gbs);
   if (steps > 0) {
     for (size_t i = 0; i < precisions.size(); ++i) {
       const io::TempDir out_dir("frugal-bench-state");  // removed on every way out, signals included
@@ -177,25 +222,11 @@ int bench_optim_state(int argc, char** argv) {
       rows_out[i].final_loss = sum / static_cast<double>(tail);
       rows_out[i].losses = result.losses;
     }
-    // The curves side by side: the mean loss over each tenth of the run.
-    const size_t window = std::max<size_t>(1, static_cast<size_t>(steps) / 10);
-    std::fprintf(stderr, "\nloss curves (mean over each %zu steps)\n%10s", window, "steps");
-    for (auto p : precisions) std::fprintf(stderr, " %8s", optim::precision_name(p));
-    std::fprintf(stderr, "\n");
-    for (size_t start = 0; start < rows_out[0].losses.size(); start += window) {
-      std::fprintf(stderr, "%4zu..%-4zu", start + 1, std::min(start + window, rows_out[0].losses.size()));
-      for (const Row& row : rows_out) {
-        const size_t stop = std::min(start + window, row.losses.size());
-        double mean = 0;
-        for (size_t k = start; k < stop; ++k) mean += row.losses[k] / static_cast<double>(stop - start);
-        std::fprintf(stderr, " %8.4f", mean);
-      }
-      std::fprintf(stderr, "\n");
-    }
+    print_loss_curves(precisions, rows_out, steps);
   }
   std::ostringstream json;
   io::JsonWriter w(json);
-  w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(rows * width).key("steps").value(steps);
+  w.begin_object().key("benchmark").value("optim-state").key("params_timed").value(shapes.rows * Shapes::kWidth).key("steps").value(steps);
   w.key("quantized_kernel").value(optim::quant_kernel_name(optim::quant_kernel_chosen()));
   w.key("dense_kernel").value(optim::dense_cpu_kernel()).key("adam_dense_kernel").value(optim::adam_takes_dense_kernel());
   w.key("adam_dense_kernel_aten_bits").value(optim::adam_kernel_gives_aten_bits());
@@ -205,13 +236,8 @@ int bench_optim_state(int argc, char** argv) {
   w.key("precisions").begin_object();
   for (size_t i = 0; i < precisions.size(); ++i) {
     w.key(optim::precision_name(precisions[i])).begin_object();
-    w.key("bytes_per_param").value(rows_out[i].bytes_per_param);
-    w.key("step_time_s").value(rows_out[i].step_s);
+    write_row_figures(w, rows_out[i], copy_gbs);
     w.key("step_time_ratio_vs_fp32").value(rows_out[i].step_s / rows_out[0].step_s);
-    w.key("ns_per_param").value(rows_out[i].ns_per_param);
-    w.key("bytes_moved_per_param").value(rows_out[i].moved_per_param);
-    w.key("achieved_gbs").value(rows_out[i].achieved_gbs);
-    w.key("fraction_of_copy_bandwidth").value(rows_out[i].achieved_gbs / copy_gbs);
     if (steps > 0) {
       w.key("final_loss").value(rows_out[i].final_loss);
       w.key("loss_ratio_vs_fp32").value(rows_out[i].final_loss / rows_out[0].final_loss);
@@ -223,10 +249,8 @@ int bench_optim_state(int argc, char** argv) {
   }
   w.end_object();
   w.key("sgd_momentum").begin_object();
-  w.key("momentum").value(0.9).key("bytes_per_param").value(sgd.bytes_per_param);
-  w.key("step_time_s").value(sgd.step_s).key("ns_per_param").value(sgd.ns_per_param);
-  w.key("bytes_moved_per_param").value(sgd.moved_per_param).key("achieved_gbs").value(sgd.achieved_gbs);
-  w.key("fraction_of_copy_bandwidth").value(sgd.achieved_gbs / copy_gbs);
+  w.key("momentum").value(0.9);
+  write_row_figures(w, sgd, copy_gbs);
   w.end_object().end_object();
   write_output(json_out, json.str());
   return 0;
