@@ -17,6 +17,7 @@
 #include "chat_text.h"
 #include "example_reader.h"
 #include "examples_format.h"
+#include "fingerprint.h"
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json_value.h"
@@ -30,17 +31,6 @@ namespace {
 struct BadExample : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
-
-std::string fnv1a64(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
 
 // The special tokens a template writes as text, besides BOS and EOS.
 std::vector<std::string> template_tokens(ChatTemplate t) {

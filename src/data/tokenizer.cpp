@@ -28,6 +28,7 @@
 #include "frugal/io/files.h"
 #include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
+#include "fingerprint.h"
 #include "hf_pipeline.h"
 
 extern char** environ;
@@ -82,17 +83,6 @@ const SentencePieceApi& api() {
   });
   if (!table.eos_id) throw std::runtime_error("cannot load SentencePiece (libfrugal_spm.so): " + error);
   return table;
-}
-
-std::string fnv1a64(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
