@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "../support/peak_in_child.h"
 #include "frugal/data/corpus.h"
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/files.h"
@@ -344,43 +345,11 @@ struct ChildRun {
 // the peak was reset just before) and the token count. held: read the corpus into memory first and
 // tokenize from there (a control, to show the measure sees memory that grows with the corpus).
 ChildRun tokenize_in_child(const std::string& corpus, const Tokenizer& tok, const std::string& out, bool held) {
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    auto status_kib = [](const char* key) {
-      std::ifstream in("/proc/self/status");
-      std::string line;
-      while (std::getline(in, line)) {
-        if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key)));
-      }
-      return -1ll;
-    };
-    // The parent's heap (earlier tests) may hold free pages that are already resident: given back,
-    // and large blocks mapped afresh, so what the child allocates shows in its RSS.
-    ::malloc_trim(0);
-    ::mallopt(M_MMAP_THRESHOLD, 1 << 16);
-    std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS
-    const long long before = status_kib("VmRSS:");
-    ChildRun r;
-    if (held) {
-      r.tokens = tokenize_documents(read_corpus(corpus), tok, out);
-    } else {
-      r.tokens = tokenize_corpus(corpus, tok, out).tokens;
-    }
-    r.rss_growth = (status_kib("VmHWM:") - before) * 1024;
-    if (::write(fds[1], &r, sizeof(r)) != static_cast<ssize_t>(sizeof(r))) ::_exit(3);
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  ChildRun r;
-  const bool got = ::read(fds[0], &r, sizeof(r)) == static_cast<ssize_t>(sizeof(r));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  EXPECT_TRUE(got && WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child failed";
-  return r;
+  const auto r = frugal::testing::peak_in_child<int64_t>([&]() -> int64_t {
+    if (held) return static_cast<int64_t>(tokenize_documents(read_corpus(corpus), tok, out));
+    return static_cast<int64_t>(tokenize_corpus(corpus, tok, out).tokens);
+  });
+  return ChildRun{r.rss_growth, r.value};
 }
 
 }  // namespace

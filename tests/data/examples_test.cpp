@@ -19,6 +19,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "../support/peak_in_child.h"
 #include "frugal/data/examples.h"
 #include "frugal/data/tokenizer.h"
 #include "frugal/io/files.h"
@@ -1024,15 +1025,6 @@ TEST(ExampleBatches, BadOptionsAreRefused) {
 
 namespace {
 
-long long status_kib(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key)));
-  }
-  return -1;
-}
-
 struct ChildRun {
   int64_t rss_growth = 0, examples = 0, tokens = 0;
 };
@@ -1041,39 +1033,16 @@ struct ChildRun {
 // was reset just before). held: the dataset is also read into memory first (a control: the measure
 // must see memory that grows with the dataset).
 ChildRun tokenize_in_child(const std::string& data, const Tokenizer& tok, const std::string& out, bool held = false) {
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    // The parent's heap (earlier tests) may hold free pages that are already resident: given back,
-    // and large blocks mapped afresh, so what the child allocates shows in its RSS.
-    ::malloc_trim(0);
-    ::mallopt(M_MMAP_THRESHOLD, 1 << 16);
-    std::ofstream("/proc/self/clear_refs") << "5";
-    const long long before = status_kib("VmRSS:");
-    ChildRun r;
-    try {
-      const std::string copy = held ? frugal::io::read_file(data, frugal::io::kTokenizerFileBytes) : std::string();
-      const ExampleStats s = tokenize_examples({data}, tok, ExampleOptions(), out);
-      if (held && copy.empty()) ::_exit(5);
-      r.examples = s.examples;
-      r.tokens = s.tokens;
-    } catch (...) {
-      ::_exit(4);
-    }
-    r.rss_growth = (status_kib("VmHWM:") - before) * 1024;
-    if (::write(fds[1], &r, sizeof(r)) != static_cast<ssize_t>(sizeof(r))) ::_exit(3);
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  ChildRun r;
-  const bool got = ::read(fds[0], &r, sizeof(r)) == static_cast<ssize_t>(sizeof(r));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  EXPECT_TRUE(got && WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child failed";
-  return r;
+  struct Counts {
+    int64_t examples = 0, tokens = 0;
+  };
+  const auto r = frugal::testing::peak_in_child<Counts>([&] {
+    const std::string copy = held ? frugal::io::read_file(data, frugal::io::kTokenizerFileBytes) : std::string();
+    const ExampleStats s = tokenize_examples({data}, tok, ExampleOptions(), out);
+    if (held && copy.empty()) throw std::runtime_error("the held copy is empty");
+    return Counts{static_cast<int64_t>(s.examples), static_cast<int64_t>(s.tokens)};
+  });
+  return ChildRun{r.rss_growth, r.value.examples, r.value.tokens};
 }
 
 }  // namespace

@@ -92,6 +92,30 @@ std::string label(int64_t V, int64_t chunk, bool plain, bool with_bias, Reductio
          (reduction == Reduction::mean ? " mean" : " sum");
 }
 
+// Without and with a bias (random, in the weight's dtype), each reduction, chunks of 1, 64 and all
+// rows and the plain loss, against the reference: every gap within its tolerance. Returns the
+// worst gaps, for the test to print.
+Gaps sweep_against_reference(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets, double loss_tolerance,
+                             double grad_tolerance) {
+  const int64_t N = hidden.size(0), V = weight.size(0);
+  Gaps worst;
+  for (bool with_bias : {false, true}) {
+    const at::Tensor bias = with_bias ? at::randn({V}).to(weight.scalar_type()) : at::Tensor();
+    for (Reduction reduction : {Reduction::mean, Reduction::sum}) {
+      for (int64_t chunk : {int64_t{1}, int64_t{64}, N, int64_t{0}}) {
+        const bool plain = chunk == 0;
+        SCOPED_TRACE(label(V, chunk, plain, with_bias, reduction));
+        const Gaps g = gaps_from_reference(hidden, weight, bias, targets, reduction, plain ? 1 : chunk, plain);
+        EXPECT_LE(g.loss, loss_tolerance);
+        EXPECT_LE(g.grad, grad_tolerance);
+        worst.loss = std::max(worst.loss, g.loss);
+        worst.grad = std::max(worst.grad, g.grad);
+      }
+    }
+  }
+  return worst;
+}
+
 }  // namespace
 
 TEST(ChunkedCrossEntropy, EqualsLinearPlusCrossEntropy) {
@@ -195,20 +219,9 @@ TEST(ChunkedCrossEntropy, MatchesTheReferenceOverVocabulariesAndChunks) {
     const at::Tensor weight = at::randn({V, H}) * 0.5;
     at::Tensor targets = at::randint(0, V, {N}, at::kLong);
     targets.index_put_({at::rand({N}) < 0.2}, -100);
-    for (bool with_bias : {false, true}) {
-      const at::Tensor bias = with_bias ? at::randn({V}) : at::Tensor();
-      for (Reduction reduction : {Reduction::mean, Reduction::sum}) {
-        for (int64_t chunk : {int64_t{1}, int64_t{64}, N, int64_t{0}}) {
-          const bool plain = chunk == 0;
-          SCOPED_TRACE(label(V, chunk, plain, with_bias, reduction));
-          const Gaps g = gaps_from_reference(hidden, weight, bias, targets, reduction, plain ? 1 : chunk, plain);
-          EXPECT_LE(g.loss, 2e-6);
-          EXPECT_LE(g.grad, 1e-5);
-          worst.loss = std::max(worst.loss, g.loss);
-          worst.grad = std::max(worst.grad, g.grad);
-        }
-      }
-    }
+    const Gaps g = sweep_against_reference(hidden, weight, targets, 2e-6, 1e-5);
+    worst.loss = std::max(worst.loss, g.loss);
+    worst.grad = std::max(worst.grad, g.grad);
   }
   std::printf("[ measured ] fp32: loss gap %.2e, gradient gap %.2e\n", worst.loss, worst.grad);
 }
@@ -250,20 +263,9 @@ TEST(ChunkedCrossEntropy, Bf16WeightsMatchTheFp32Reference) {
     const at::Tensor weight = (at::randn({V, H}) * 0.3).to(at::kBFloat16);
     at::Tensor targets = at::randint(0, V, {N}, at::kLong);
     targets.index_put_({at::rand({N}) < 0.2}, -100);
-    for (bool with_bias : {false, true}) {
-      const at::Tensor bias = with_bias ? at::randn({V}).to(at::kBFloat16) : at::Tensor();
-      for (Reduction reduction : {Reduction::mean, Reduction::sum}) {
-        for (int64_t chunk : {int64_t{1}, int64_t{64}, N, int64_t{0}}) {
-          const bool plain = chunk == 0;
-          SCOPED_TRACE(label(V, chunk, plain, with_bias, reduction));
-          const Gaps g = gaps_from_reference(hidden, weight, bias, targets, reduction, plain ? 1 : chunk, plain);
-          EXPECT_LE(g.loss, 1e-2);
-          EXPECT_LE(g.grad, 3e-2);
-          worst.loss = std::max(worst.loss, g.loss);
-          worst.grad = std::max(worst.grad, g.grad);
-        }
-      }
-    }
+    const Gaps g = sweep_against_reference(hidden, weight, targets, 1e-2, 3e-2);
+    worst.loss = std::max(worst.loss, g.loss);
+    worst.grad = std::max(worst.grad, g.grad);
   }
   std::printf("[ measured ] bf16: loss gap %.2e, gradient gap %.2e\n", worst.loss, worst.grad);
 }
