@@ -3,7 +3,7 @@
 # three hundred cases each paying it were a third of the test run. Each case named in SLOW gets a
 # CTest entry of its own (label slow), taken out of its suite's entry (label quick), so
 # `ctest -L quick` stays the edit-build-test loop. Run after each build of the executable:
-#   cmake -DEXE=frugal_tests -DOUT=frugal_tests_suites.cmake -DSLOW=A.b:C.d -DTIMEOUT=900 -P gtest_suites.cmake
+#   cmake -DEXE=frugal_tests -DOUT=frugal_tests_suites.cmake -DSLOW=A.b:C.d -DTIMEOUT=900 -DENVIRONMENT=K=V -P gtest_suites.cmake
 # CTest includes OUT (the directory's TEST_INCLUDE_FILES; see frugal_gtest_suites in CMakeLists.txt).
 cmake_minimum_required(VERSION 3.18)
 string(REPLACE ":" ";" SLOW "${SLOW}")
@@ -33,7 +33,7 @@ foreach(suite IN LISTS suites)
       list(APPEND excluded "${case}")
       list(APPEND found_slow "${case}")
       string(APPEND out "add_test([==[${case}]==] [==[${EXE}]==] [==[--gtest_filter=${case}]==])\n")
-      string(APPEND out "set_tests_properties([==[${case}]==] PROPERTIES LABELS slow TIMEOUT ${TIMEOUT})\n")
+      string(APPEND out "set_tests_properties([==[${case}]==] PROPERTIES LABELS slow TIMEOUT ${TIMEOUT} ENVIRONMENT [==[${ENVIRONMENT}]==])\n")
     endif()
   endforeach()
   list(LENGTH cases_${suite} all)
@@ -47,7 +47,7 @@ foreach(suite IN LISTS suites)
     string(APPEND filter "-${minus}")
   endif()
   string(APPEND out "add_test([==[${suite}]==] [==[${EXE}]==] [==[--gtest_filter=${filter}]==])\n")
-  string(APPEND out "set_tests_properties([==[${suite}]==] PROPERTIES LABELS quick TIMEOUT ${TIMEOUT})\n")
+  string(APPEND out "set_tests_properties([==[${suite}]==] PROPERTIES LABELS quick TIMEOUT ${TIMEOUT} ENVIRONMENT [==[${ENVIRONMENT}]==])\n")
 endforeach()
 # A slow case renamed or removed would otherwise leave the list naming nothing, silently.
 foreach(case IN LISTS SLOW)
