@@ -158,7 +158,13 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
     for (size_t i = 0; i < group.params.size(); ++i) {
       if (seen[group.names[i]]++) throw std::invalid_argument("optimizer: parameter '" + group.names[i] + "' appears twice");
       if (!group.params[i].requires_grad()) continue;  // frozen: nothing to optimize
-      impl_->params.push_back({group.names[i], group.params[i], g, {}, 0, group.params[i].numel()});
+      // Field by field: GCC 12 takes a braced {} ParamState for maybe-uninitialized tensors.
+      Impl::Param param;
+      param.name = group.names[i];
+      param.tensor = group.params[i];
+      param.group = g;
+      param.end = group.params[i].numel();
+      impl_->params.push_back(std::move(param));
     }
   }
   // Quantized state shares code tables per device: build them now rather than in the first step.

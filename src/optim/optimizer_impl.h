@@ -47,7 +47,7 @@ struct Optimizer::Impl {
   struct Param {
     std::string name;
     at::Tensor tensor;
-    size_t group;
+    size_t group = 0;
     ParamState state;
     // The flattened elements [begin, end) this rank updates: all of them in one process; with an
     // Exchange the owned range (nothing, all, or a slice).
