@@ -28,7 +28,9 @@ done
 mkdir -p "$tmp/elsewhere" && mv "$tmp/prefix" "$tmp/elsewhere/prefix" || fail "moving the prefix"
 prefix="$tmp/elsewhere/prefix"
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# ccache with the temporary folder as its base: paths inside it are hashed relative to it, so the
+# next run (another temporary folder) hits the cache.
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache) && export CCACHE_BASEDIR="$tmp"
 # The LibTorch the build used (CMAKE_PREFIX_PATH in its cache, e.g. PyPI's wheel), after the install.
 torch_path=$(sed -n 's/^CMAKE_PREFIX_PATH:[A-Z]*=//p' "$build/CMakeCache.txt")
 cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix${torch_path:+;$torch_path}" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >"$tmp/log" 2>&1 ||
