@@ -4,6 +4,7 @@ set -euo pipefail
 
 packages=(
   cmake g++ make ccache
+  ninja-build           # the build tool scripts/build.sh uses where it is installed
   libtorch-dev          # LibTorch 1.13 (CPU)
   libopenblas0-pthread  # without it matrix products fall back to reference BLAS (~30x slower)
   libgtest-dev          # GoogleTest

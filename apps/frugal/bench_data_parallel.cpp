@@ -34,7 +34,7 @@ int64_t loopback_bytes() {
   return in ? v : -1;
 }
 
-struct Run {
+struct DataParallelRun {
   io::JsonValue json;
   int64_t wire_bytes = 0;
 };
@@ -101,7 +101,7 @@ int bench_data_parallel(int argc, char** argv) {
               << "\n";
     const int64_t before = loopback_bytes();
     const dist::LaunchResult r = dist::launch_local(o, [](const std::string&) {});
-    Run out;
+    DataParallelRun out;
     out.wire_bytes = loopback_bytes() - before;
     if (r.exit_code != 0) {
       throw std::runtime_error("the " + name + " run failed (" + r.failure + "); its logs are in " + o.log_dir);
@@ -110,11 +110,11 @@ int bench_data_parallel(int argc, char** argv) {
     return out;
   };
   if (!io::path_exists(recipe.tokens) || !io::path_exists(recipe.tokenizer)) run(1, 2, "data");  // tokenizer and tokens, once
-  const Run one = run(1, 2 * steps, "one");
-  const Run short_run = run(nproc, steps, "ranks-short");
-  const Run ranks = run(nproc, 2 * steps, "ranks");
+  const DataParallelRun one = run(1, 2 * steps, "one");
+  const DataParallelRun short_run = run(nproc, steps, "ranks-short");
+  const DataParallelRun ranks = run(nproc, 2 * steps, "ranks");
   const int64_t tokens_per_step = recipe.tokens_per_step();
-  auto tokens_per_s = [&](const Run& r) { return static_cast<double>(tokens_per_step) / r.json.at("step_time_s").as_double(); };
+  auto tokens_per_s = [&](const DataParallelRun& r) { return static_cast<double>(tokens_per_step) / r.json.at("step_time_s").as_double(); };
   const int64_t param_bytes = one.json.at("by_category").at("parameter").as_int();
   // Per rank and step: the wire bytes of the extra `steps` steps, shared by the ranks.
   const double wire =

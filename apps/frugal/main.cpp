@@ -20,6 +20,7 @@
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/units.h"
+#include "build_info.h"  // FRUGAL_*: this build's facts (CMakeLists.txt)
 
 namespace {
 

@@ -27,6 +27,7 @@
 #include "frugal/models/activation_bytes.h"
 #include "frugal/train/trainer.h"
 #include "train_progress.h"
+#include "build_info.h"  // FRUGAL_*: this build's facts (CMakeLists.txt)
 
 namespace frugal {
 namespace cli {

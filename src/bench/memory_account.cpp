@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <utility>
 
+#include "block_stack.h"
 #include "frugal/checkpoint/policy.h"
 #include "frugal/io/json.h"
 #include "frugal/io/units.h"
@@ -25,17 +27,10 @@ int64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.numel() * sta
 
 int64_t category_bytes(const memory::Tracker& tracker, Category c) { return tracker.live_by_category()[static_cast<int>(c)]; }
 
-// The measured model: `layers` pre-LN blocks as a chain.
-struct Stack {
-  std::vector<models::PreLNBlock> blocks;
-  std::vector<checkpoint::ChainBlock> chain;
-  std::vector<at::Tensor> params;
-};
-
 // How a variant runs the chain: x (B, T, d) -> (B, T, d)
 using Runner = std::function<at::Tensor(const at::Tensor&)>;
 
-void set_attention(const Stack& stack, models::AttentionKernel kernel) {
+void set_attention(const BlockStack& stack, models::AttentionKernel kernel) {
   for (models::PreLNBlock b : stack.blocks) b->set_attention(kernel);  // a holder: shares the module
 }
 
@@ -53,7 +48,7 @@ struct StepMeasure {
 };
 
 // One forward+backward of loss = mean(run(x)^2) under the tracker.
-StepMeasure measure_step(memory::Tracker& tracker, const Stack& stack, const at::Tensor& x, const Runner& run) {
+StepMeasure measure_step(memory::Tracker& tracker, const BlockStack& stack, const at::Tensor& x, const Runner& run) {
   clear_grads(stack.params);
   StepMeasure m;
   const size_t first_event = tracker.events().size();
@@ -159,24 +154,16 @@ struct Account {
   std::function<void(const std::string&)> say;
   AccountResult& result;
   std::shared_ptr<memory::Tracker> tracker;
-  Stack stack;
+  std::unique_ptr<BlockStack> stack;  // made by build()
   at::Tensor x;
   std::vector<std::pair<std::string, Runner>> runs;  // the budgets' plans, the variants, then the attention kernels after explicit
   StepMeasure plain;                                 // the reference run: no checkpointing, explicit attention
 
   // The blocks (parameter) and the input (input), under the tracker.
   void build() {
-    torch::manual_seed(config.seed);
     {
       memory::CategoryScope scope(Category::parameter);
-      for (int64_t i = 0; i < config.layers; ++i) {
-        stack.blocks.emplace_back(config.width, config.heads);
-        stack.blocks.back()->to(config.device);
-      }
-    }
-    stack.chain = checkpoint::make_chain(stack.blocks);
-    for (const auto& b : stack.blocks) {
-      for (const auto& p : b->parameters()) stack.params.push_back(p);
+      stack = std::make_unique<BlockStack>(config.layers, config.width, config.heads, config.seed, config.device);
     }
     memory::CategoryScope scope(Category::input);
     x = at::randn({config.batch, config.seq, config.width}, at::TensorOptions().device(config.device));  // (B, T, d)
@@ -186,7 +173,7 @@ struct Account {
   void measure_parameters_gradients_and_state() {
     tracker->label("set-up");
     result.n_params_formula = models::block_param_count(config.layers, config.width);
-    for (const auto& p : stack.params) {
+    for (const auto& p : stack->params) {
       result.n_params += p.numel();
       result.param_bytes.tensors += tensor_bytes(p);
     }
@@ -194,18 +181,18 @@ struct Account {
     result.param_bytes.tracked = category_bytes(*tracker, Category::parameter);
 
     say("one AdamW training step");
-    torch::optim::AdamW adamw(stack.params, torch::optim::AdamWOptions(1e-3));
+    torch::optim::AdamW adamw(stack->params, torch::optim::AdamWOptions(1e-3));
     {
       at::Tensor loss;
       {
         memory::PhaseScope phase(Phase::forward);
-        loss = checkpoint::run_chain(stack.chain, x, checkpoint::CheckpointPolicy::none()).pow(2).mean();
+        loss = checkpoint::run_chain(stack->chain, x, checkpoint::CheckpointPolicy::none()).pow(2).mean();
       }
       memory::PhaseScope phase(Phase::backward);
       loss.backward();
     }
-    for (const auto& p : stack.params) memory::tag(p.grad(), Category::gradient);  // torch::optim does not tag
-    for (const auto& p : stack.params) result.grad_bytes.tensors += tensor_bytes(p.grad());
+    for (const auto& p : stack->params) memory::tag(p.grad(), Category::gradient);  // torch::optim does not tag
+    for (const auto& p : stack->params) result.grad_bytes.tensors += tensor_bytes(p.grad());
     result.grad_bytes.formula = result.n_params_formula * 4;
     result.grad_bytes.tracked = category_bytes(*tracker, Category::gradient);
     {
@@ -218,14 +205,14 @@ struct Account {
     }
     result.adamw_state_bytes.formula = 2 * result.n_params_formula * 4;
     result.adamw_state_bytes.tracked = category_bytes(*tracker, Category::optimizer_state);
-    clear_grads(stack.params);
+    clear_grads(stack->params);
   }
 
   // The plain run: the reference gradients and activation peak.
   void measure_plain() {
     tracker->label("none");
-    plain = measure_step(*tracker, stack, x, [this](const at::Tensor& in) {
-      return checkpoint::run_chain(stack.chain, in, checkpoint::CheckpointPolicy::none());
+    plain = measure_step(*tracker, *stack, x, [this](const at::Tensor& in) {
+      return checkpoint::run_chain(stack->chain, in, checkpoint::CheckpointPolicy::none());
     });
     result.activation_peak_none = plain.activation_peak;
   }
@@ -236,7 +223,7 @@ struct Account {
     if (config.budget_bytes.empty() && config.budget_fractions.empty()) return true;
     say("measuring each block for the planner");
     tracker->label("planner: measuring each block");
-    const auto costs = checkpoint::measure_chain(stack.chain, x);
+    const auto costs = checkpoint::measure_chain(stack->chain, x);
     result.planner_predicted_none = checkpoint::no_checkpoint_plan(costs).predicted_bytes;
     std::vector<int64_t> budgets = config.budget_bytes;
     for (double f : config.budget_fractions) budgets.push_back(static_cast<int64_t>(f * static_cast<double>(plain.activation_peak)));
@@ -253,9 +240,9 @@ struct Account {
       }
       br.plan = *plan;
       say("running the plan for a budget of " + std::to_string(budget) + " bytes: " + plan->describe());
-      Runner runner = [this, p = *plan](const at::Tensor& in) { return checkpoint::run_plan(stack.chain, in, p); };
+      Runner runner = [this, p = *plan](const at::Tensor& in) { return checkpoint::run_plan(stack->chain, in, p); };
       tracker->label("budget " + io::human_bytes(budget));
-      const StepMeasure m = measure_step(*tracker, stack, x, runner);
+      const StepMeasure m = measure_step(*tracker, *stack, x, runner);
       br.measured_bytes = m.activation_peak;
       br.max_grad_diff = max_abs_diff(m.grads, plain.grads);
       runs.emplace_back("budget " + std::to_string(budget), runner);
@@ -269,9 +256,9 @@ struct Account {
     for (const std::string& name : config.variants) {
       say("measuring " + name);
       const auto policy = checkpoint::CheckpointPolicy::parse(name);
-      Runner runner = [this, policy](const at::Tensor& in) { return checkpoint::run_chain(stack.chain, in, policy); };
+      Runner runner = [this, policy](const at::Tensor& in) { return checkpoint::run_chain(stack->chain, in, policy); };
       if (name != "none") tracker->label(name);
-      const StepMeasure m = name == "none" ? plain : measure_step(*tracker, stack, x, runner);
+      const StepMeasure m = name == "none" ? plain : measure_step(*tracker, *stack, x, runner);
       VariantResult v;
       v.name = name;
       v.saved_bytes = m.kept_bytes;
@@ -296,13 +283,13 @@ struct Account {
         say("measuring " + name);
         // The kernel is read in forward only, so the blocks go back to explicit once it has run.
         Runner runner = [this, kernel](const at::Tensor& in) {
-          set_attention(stack, kernel);
-          at::Tensor y = checkpoint::run_chain(stack.chain, in, checkpoint::CheckpointPolicy::none());
-          set_attention(stack, models::AttentionKernel::explicit_softmax);
+          set_attention(*stack, kernel);
+          at::Tensor y = checkpoint::run_chain(stack->chain, in, checkpoint::CheckpointPolicy::none());
+          set_attention(*stack, models::AttentionKernel::explicit_softmax);
           return y;
         };
         tracker->label(name);
-        const StepMeasure m = measure_step(*tracker, stack, x, runner);
+        const StepMeasure m = measure_step(*tracker, *stack, x, runner);
         a.saved_bytes = m.kept_bytes;
         a.max_grad_diff = max_abs_diff(m.grads, plain.grads);
         runs.emplace_back(name, runner);
@@ -317,7 +304,7 @@ struct Account {
       say("timing " + runs[i].first);
       std::vector<double> seconds;
       for (int r = 0; r < config.timing_warmup + config.timing_runs; ++r) {
-        clear_grads(stack.params);
+        clear_grads(stack->params);
         const auto t0 = std::chrono::steady_clock::now();
         runs[i].second(x).pow(2).mean().backward();
         if (config.device.is_cuda()) torch::cuda::synchronize(config.device.index());
@@ -334,7 +321,7 @@ struct Account {
         result.attentions[i - nb - nv + 1].time_s = t;
       }
     }
-    clear_grads(stack.params);
+    clear_grads(stack->params);
     if (const VariantResult* none = result.find("none")) result.attentions.front().time_s = none->time_s;
   }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "block_stack.h"
 #include "frugal/checkpoint/policy.h"
 #include "frugal/memory/trace.h"
 #include "frugal/memory/tracker.h"
@@ -20,22 +21,9 @@ using memory::Phase;
 
 int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-struct Stack : torch::nn::Module {
-  std::vector<models::PreLNBlock> blocks;
-  std::vector<checkpoint::ChainBlock> chain;
-  Stack(const OptimInBackwardConfig& c) {
-    torch::manual_seed(c.seed);
-    for (int64_t i = 0; i < c.layers; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), models::PreLNBlock(c.width, c.heads)));
-    }
-    to(c.device);
-    chain = checkpoint::make_chain(blocks);
-  }
-};
-
 // The most gradient bytes one backward node hands over: a checkpointed block's parameters all at
 // once, otherwise the parameters of one leaf module (a Linear's weight and bias).
-int64_t largest_node_grad_bytes(Stack& stack, const checkpoint::CheckpointPolicy& policy) {
+int64_t largest_node_grad_bytes(BlockStack& stack, const checkpoint::CheckpointPolicy& policy) {
   int64_t largest = 0;
   for (size_t i = 0; i < stack.blocks.size(); ++i) {
     if (policy.checkpoints(static_cast<int64_t>(i))) {
@@ -54,11 +42,11 @@ int64_t largest_node_grad_bytes(Stack& stack, const checkpoint::CheckpointPolicy
 }
 
 struct Trainer {
-  Stack stack;
+  BlockStack stack;
   optim::Optimizer opt;
   checkpoint::CheckpointPolicy policy;
   Trainer(const OptimInBackwardConfig& c, optim::Mode mode)
-      : stack(c),
+      : stack(c.layers, c.width, c.heads, c.seed, c.device),
         opt(stack.named_parameters(), optim::OptimizerOptions().algorithm(optim::Algorithm::adamw).lr(1e-4).weight_decay(0.01).mode(mode)),
         policy(checkpoint::CheckpointPolicy::parse(c.policy)) {}
 

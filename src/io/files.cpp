@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "frugal/io/units.h"
+#include "build_info.h"  // FRUGAL_*: this build's facts (CMakeLists.txt)
 
 namespace frugal {
 namespace io {
@@ -54,7 +55,7 @@ struct LinuxDirent64 {
   char d_name[1];
 };
 
-constexpr int kMaxDepth = 64;
+constexpr int kMaxRemoveDepth = 64;  // folders nested deeper are left in place
 
 void empty_folder(int fd, int depth);
 
@@ -63,7 +64,7 @@ bool remove_at(int dir_fd, const char* name, int depth) {
   if (::unlinkat(dir_fd, name, 0) == 0) return true;
   if (errno == ENOENT) return false;
   if (errno != EISDIR && errno != EPERM) return false;
-  if (depth >= kMaxDepth) return false;
+  if (depth >= kMaxRemoveDepth) return false;
   const int fd = ::openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return false;
   empty_folder(fd, depth + 1);
@@ -412,9 +413,7 @@ std::vector<std::string> helper_candidates(const char* env, const std::string& f
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   const std::string dir = n > 0 ? parent_path(std::string(buf, static_cast<size_t>(n))) : "";
   out.push_back((dir.empty() ? "." : dir) + "/" + file);
-#ifdef FRUGAL_HELPER_DIR
-  out.push_back(std::string(FRUGAL_HELPER_DIR) + "/" + file);
-#endif
+  out.push_back(std::string(FRUGAL_HELPER_DIR) + "/" + file);  // the build folder
   return out;
 }
 

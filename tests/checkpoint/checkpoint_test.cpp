@@ -6,16 +6,13 @@
 
 #include "frugal/checkpoint/checkpoint.h"
 #include "frugal/checkpoint/selective.h"
+#include "../support/common.h"
 
 using namespace frugal;
 
 namespace {
 
-// Largest absolute difference, or +inf when one side is missing.
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined() ? 0.0 : INFINITY;
-  return (a - b).abs().max().item<double>();
-}
+using frugal::testing::max_diff;
 
 struct TwoLayer {
   at::Tensor w1, b1, w2;

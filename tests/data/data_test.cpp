@@ -23,7 +23,7 @@ using namespace frugal::data;
 
 namespace {
 
-std::string dir(const std::string& name) {
+std::string data_dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + "/frugal_data_" + name;
   ::mkdir(d.c_str(), 0755);
   return d;
@@ -43,7 +43,7 @@ std::vector<std::string> sample_docs() {
 }  // namespace
 
 TEST(Corpus, SplitsFortuneFilesAndSkipsBinaryAndDuplicates) {
-  const std::string d = dir("corpus");
+  const std::string d = data_dir("corpus");
   std::ofstream(d + "/jokes") << "first joke\n%\nsecond\njoke\n%\nthird\n";
   std::ofstream(d + "/jokes.dat") << std::string("\0\1\2binary", 9);
   ::symlink((d + "/jokes").c_str(), (d + "/jokes.u8").c_str());
@@ -57,7 +57,7 @@ TEST(Corpus, SplitsFortuneFilesAndSkipsBinaryAndDuplicates) {
 }
 
 TEST(Tokenizer, TrainsAndRoundTrips) {
-  const std::string prefix = dir("tok") + "/tok";
+  const std::string prefix = data_dir("tok") + "/tok";
   train_tokenizer(sample_docs(), prefix, TokenizerTrainOptions().vocab_size(320));
   const Tokenizer tok = Tokenizer::load(prefix + ".model");
   EXPECT_LE(tok.vocab_size(), 320);
@@ -72,7 +72,7 @@ TEST(Tokenizer, TrainsAndRoundTrips) {
 }
 
 TEST(TokenFile, WritesReadsAndRejectsCorruption) {
-  const std::string d = dir("tokens");
+  const std::string d = data_dir("tokens");
   std::vector<int32_t> tokens;
   for (int i = 0; i < 1000; ++i) tokens.push_back((i * 37) % 50);
   write_token_file(d + "/t.tokens", tokens, 50);
@@ -93,7 +93,7 @@ TEST(TokenFile, WritesReadsAndRejectsCorruption) {
 }
 
 TEST(TokenDataset, DeterministicBatchesAndSplits) {
-  const std::string d = dir("dataset");
+  const std::string d = data_dir("dataset");
   std::vector<int32_t> tokens(2000);
   for (int i = 0; i < 2000; ++i) tokens[i] = i % 97;
   write_token_file(d + "/t.tokens", tokens, 97);
@@ -114,7 +114,7 @@ TEST(TokenDataset, DeterministicBatchesAndSplits) {
 }
 
 TEST(Corpus, SymlinkLoopsEndAndEachFileIsReadOnce) {
-  const std::string d = dir("loops");
+  const std::string d = data_dir("loops");
   ::mkdir((d + "/sub").c_str(), 0755);
   std::ofstream(d + "/a.txt") << "alpha text\n";
   std::ofstream(d + "/sub/b.txt") << "beta text\n";
@@ -129,7 +129,7 @@ TEST(Corpus, SymlinkLoopsEndAndEachFileIsReadOnce) {
 }
 
 TEST(Corpus, AFileThatCannotBeReadIsNamedNotCalledEmpty) {
-  const std::string d = dir("unreadable");
+  const std::string d = data_dir("unreadable");
   std::ofstream(d + "/good.txt") << "some text\n";
   // /proc/self/mem opens as a regular file but its first page cannot be read (EIO), even as root.
   ::symlink("/proc/self/mem", (d + "/zz-mem").c_str());
@@ -142,13 +142,13 @@ TEST(Corpus, AFileThatCannotBeReadIsNamedNotCalledEmpty) {
 }
 
 TEST(Tokenizer, LongLinesAreTokenizedInPiecesWithTheSameTokens) {
-  const std::string prefix = dir("tok_pieces") + "/tok";
+  const std::string prefix = data_dir("tok_pieces") + "/tok";
   train_tokenizer(sample_docs(), prefix, TokenizerTrainOptions().vocab_size(320));
   const Tokenizer tok = Tokenizer::load(prefix + ".model");
   std::string line;  // one line of ~24 KB
   for (const auto& d : sample_docs()) line += d.substr(0, d.size() - 1) + " ";
   line += "end";
-  const std::string path = dir("tok_pieces") + "/t.tokens";
+  const std::string path = data_dir("tok_pieces") + "/t.tokens";
   const int64_t n = tokenize_documents({line, "short one"}, tok, path, /*piece_bytes=*/1000);
   std::vector<int32_t> want = tok.encode(line);  // the reference: one call over the whole line
   want.push_back(tok.eos_id());
@@ -172,7 +172,7 @@ TEST(Tokenizer, LongLinesAreTokenizedInPiecesWithTheSameTokens) {
 }
 
 TEST(Tokenizer, BadModelPathsAreNamedInOurWords) {
-  const std::string d = dir("tok_bad");
+  const std::string d = data_dir("tok_bad");
   // A folder is a model folder now (its tokenizer.json or tokenizer.model): one without either is named so.
   for (const auto& [path, message] : std::vector<std::pair<std::string, std::string>>{
            {d, "model folder " + d + " has no tokenizer (neither tokenizer.json nor tokenizer.model)"},
@@ -198,7 +198,7 @@ TEST(Tokenizer, TrainingLeavesNoTemporaryFilesAndRemovesDeadRunsLeftovers) {
     }
     return n;
   };
-  train_tokenizer(sample_docs(), dir("tok_tmp") + "/tok", TokenizerTrainOptions().vocab_size(300));
+  train_tokenizer(sample_docs(), data_dir("tok_tmp") + "/tok", TokenizerTrainOptions().vocab_size(300));
   EXPECT_EQ(ours(me), 0);
   // A dead process's leftovers go; a live one's (our parent's) stay.
   const pid_t child = ::fork();
@@ -217,7 +217,7 @@ TEST(Tokenizer, TrainingLeavesNoTemporaryFilesAndRemovesDeadRunsLeftovers) {
 
 TEST(Tokenizer, TrainingErrorsCarryNoSentencePieceLogLines) {
   try {
-    train_tokenizer(sample_docs(), dir("tok_err") + "/tok", TokenizerTrainOptions().vocab_size(320).character_coverage(5.0));
+    train_tokenizer(sample_docs(), data_dir("tok_err") + "/tok", TokenizerTrainOptions().vocab_size(320).character_coverage(5.0));
     ADD_FAILURE() << "a character_coverage of 5 was accepted";
   } catch (const std::exception& e) {
     const std::string what = e.what();
@@ -268,7 +268,7 @@ std::string words_text(size_t bytes, uint32_t seed) {  // lower-case words and s
 }
 
 Tokenizer small_tokenizer(const std::string& name) {
-  const std::string prefix = dir(name) + "/tok";
+  const std::string prefix = data_dir(name) + "/tok";
   train_tokenizer(sample_docs(), prefix, TokenizerTrainOptions().vocab_size(320));
   return Tokenizer::load(prefix + ".model");
 }
@@ -285,7 +285,7 @@ std::vector<int32_t> token_file_ids(const std::string& path) {
 // (a "\n%\n" across one, a "%" line ending a read), and its tokens are those of one encode call per
 // whole document followed by EOS.
 TEST(Corpus, StreamedDocumentsAndTokensEqualTheWholeFileComputation) {
-  const std::string d = dir("stream");
+  const std::string d = data_dir("stream");
   std::map<std::string, std::string> files;
   // A fortune file whose separator straddles the first read boundary (bytes 65535-65537).
   std::string f1 = "%\nfirst\n%\n%%not a separator\n   \t\n%\n";
@@ -328,7 +328,7 @@ TEST(Corpus, StreamedDocumentsAndTokensEqualTheWholeFileComputation) {
     EXPECT_TRUE(token_file_ids(path) == want) << "piece_bytes " << piece;
   }
   // A corpus of whitespace only is refused and leaves no file.
-  const std::string empty = dir("stream_empty");
+  const std::string empty = data_dir("stream_empty");
   std::ofstream(empty + "/blank") << "  \n%\n\t\n";
   EXPECT_THROW(tokenize_corpus(empty, tok, empty + ".tokens"), std::invalid_argument);
   struct stat st {};
@@ -358,7 +358,7 @@ ChildRun tokenize_in_child(const std::string& corpus, const Tokenizer& tok, cons
 // gives 4x the tokens while the tokenizing process's peak RSS grows by less than 2 MiB more. The
 // same corpora held in memory grow by more than the 3N bytes of text added, so the measure sees it.
 TEST(Corpus, TokenizingMemoryIsFlatInCorpusSize) {
-  const std::string d = dir("flat");
+  const std::string d = data_dir("flat");
   const size_t n = size_t(2) << 20;  // 2 MiB
   const std::string text = words_text(n, 7);
   std::string four;

@@ -26,22 +26,24 @@
 #include "frugal/io/json.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/utf8.h"
+#include "../support/common.h"
+#include "build_info.h"  // FRUGAL_*: this build's facts (CMakeLists.txt)
 
 using namespace frugal::data;
 
 namespace {
 
+using frugal::testing::write_file;
+
 const std::vector<std::string> kSpecials = {"<s>",        "</s>",         "<|start_header_id|>", "<|end_header_id|>",
                                             "<|eot_id|>", "<|im_start|>", "<|im_end|>"};
 
-std::string dir(const std::string& name) {
+std::string examples_dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + "/frugal_examples_" + name;
   frugal::io::remove_tree(d);
   frugal::io::make_directories(d);
   return d;
 }
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 // A byte-level BPE without merges: byte b is token b; the special tokens follow from 256 in
 // kSpecials' order (those in `specials` only, the rest absent).
@@ -83,14 +85,14 @@ std::string byte_tokenizer_json(const std::vector<std::string>& specials) {
 // A model folder with that tokenizer: BOS <s>, EOS </s>, and (when given) a chat_template.
 std::string byte_folder(const std::string& name, bool add_bos, const std::string& chat_template = "",
                         const std::vector<std::string>& specials = kSpecials) {
-  const std::string d = dir(name);
-  write(d + "/tokenizer.json", byte_tokenizer_json(specials));
+  const std::string d = examples_dir(name);
+  write_file(d + "/tokenizer.json", byte_tokenizer_json(specials));
   std::ostringstream config;
   frugal::io::JsonWriter w(config, 0);
   w.begin_object().key("bos_token").value("<s>").key("eos_token").value("</s>").key("add_bos_token").value(add_bos);
   if (!chat_template.empty()) w.key("chat_template").value(chat_template);
   w.end_object();
-  write(d + "/tokenizer_config.json", config.str());
+  write_file(d + "/tokenizer_config.json", config.str());
   return d;
 }
 
@@ -251,9 +253,9 @@ TEST(ExamplesTemplates, RecognizesTheKnownJinjaTextsAndNoOthers) {
   EXPECT_HAS(unknown, "set data.template to one of them");
   // chat_template.jinja, as transformers 5 saves it, wins over the config's; a list's "default".
   const std::string both = byte_folder("fold_jinja", true, chat_template_jinja(ChatTemplate::llama3));
-  write(both + "/chat_template.jinja", chat_template_jinja(ChatTemplate::chatml) + "\n");
+  write_file(both + "/chat_template.jinja", chat_template_jinja(ChatTemplate::chatml) + "\n");
   EXPECT_EQ(folder_chat_template(both), ChatTemplate::chatml);
-  write(both + "/chat_template.jinja", "{{ messages }}");
+  write_file(both + "/chat_template.jinja", "{{ messages }}");
   EXPECT_HAS(error_of([&] { folder_chat_template(both); }), "chat_template.jinja is not one frugal knows");
   const std::string listed = byte_folder("fold_list", true);
   std::ostringstream config;
@@ -262,7 +264,7 @@ TEST(ExamplesTemplates, RecognizesTheKnownJinjaTextsAndNoOthers) {
   w.begin_object().key("name").value("tool_use").key("template").value("{{ tools }}").end_object();
   w.begin_object().key("name").value("default").key("template").value(chat_template_jinja(ChatTemplate::llama2)).end_object();
   w.end_array().end_object();
-  write(listed + "/tokenizer_config.json", config.str());
+  write_file(listed + "/tokenizer_config.json", config.str());
   EXPECT_EQ(folder_chat_template(listed), ChatTemplate::llama2);
 }
 
@@ -353,7 +355,7 @@ TEST(ExamplesEncoder, ATemplatesMissingSpecialTokenIsRefusedByName) {
 // spellings out, so its ids equal those of the model's own tokenizer.json (which `tokenizers` and
 // transformers use), masks too.
 TEST(ExamplesEncoder, SentencePieceGivesItsTokenizerJsonsIds) {
-  const std::string d = dir("spm");
+  const std::string d = examples_dir("spm");
   std::vector<std::string> docs;
   const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"};
   for (int i = 0; i < 400; ++i) {
@@ -440,13 +442,13 @@ TEST(ExamplesEncoder, AnchoredBoundariesEqualWholePrefixEncoding) {
     const size_t key = text.find("\"added_tokens\"");
     ASSERT_NE(key, std::string::npos);
     text.insert(text.find('[', key) + 1, tokens);
-    const std::string d = dir(std::string("anchor_") + name);
-    write(d + "/tokenizer.json", text);
+    const std::string d = examples_dir(std::string("anchor_") + name);
+    write_file(d + "/tokenizer.json", text);
     const bool has_bos = std::string(name) != "gpt2";
-    write(d + "/tokenizer_config.json", has_bos ? R"({"bos_token": ")" +
-                                                      std::string(std::string(name) == "llama3" ? "<|begin_of_text|>" : "<s>") +
-                                                      R"(", "eos_token": "<|eot_id|>"})"
-                                                : R"({"eos_token": "<|im_end|>"})");
+    write_file(d + "/tokenizer_config.json", has_bos ? R"({"bos_token": ")" +
+                                                           std::string(std::string(name) == "llama3" ? "<|begin_of_text|>" : "<s>") +
+                                                           R"(", "eos_token": "<|eot_id|>"})"
+                                                     : R"({"eos_token": "<|im_end|>"})");
     const Tokenizer tok = Tokenizer::load_folder(d);
     const std::vector<std::vector<ChatMessage>> chats = {
         kChat,
@@ -506,15 +508,16 @@ std::vector<std::pair<std::string, int64_t>> read_order(const std::vector<std::s
 
 TEST(ExamplesReading, FormatsFoldersArraysBomCrlfAndBlankLines) {
   const Tokenizer tok = Tokenizer::load_folder(byte_folder("read_tok", false));
-  const std::string d = dir("read");
+  const std::string d = examples_dir("read");
   frugal::io::make_directories(d + "/b");
-  write(d + "/c.jsonl",
-        "\xEF\xBB\xBF{\"instruction\": \"x\", \"output\": \"y\"}\r\n\r\n  \n{\"instruction\": \"x\", \"input\": null, \"output\": \"y\", "
-        "\"extra\": [1]}\r\n");
-  write(d + "/b/2.jsonl", "{\"instruction\": \"x\", \"output\": \"y\"}");  // no final newline
-  write(d + "/a.json",
-        "\n[\n  {\"instruction\": \"x\",\n   \"output\": \"y, ] \\\" }\"},\n  {\"instruction\": \"z\", \"output\": \"w\"}\n]\n");
-  write(d + "/notes.txt", "not read");
+  write_file(
+      d + "/c.jsonl",
+      "\xEF\xBB\xBF{\"instruction\": \"x\", \"output\": \"y\"}\r\n\r\n  \n{\"instruction\": \"x\", \"input\": null, \"output\": \"y\", "
+      "\"extra\": [1]}\r\n");
+  write_file(d + "/b/2.jsonl", "{\"instruction\": \"x\", \"output\": \"y\"}");  // no final newline
+  write_file(d + "/a.json",
+             "\n[\n  {\"instruction\": \"x\",\n   \"output\": \"y, ] \\\" }\"},\n  {\"instruction\": \"z\", \"output\": \"w\"}\n]\n");
+  write_file(d + "/notes.txt", "not read");
   ExampleOptions opt;
   ExampleStats stats;
   const auto order = read_order({d}, tok, opt, &stats);
@@ -528,16 +531,16 @@ TEST(ExamplesReading, FormatsFoldersArraysBomCrlfAndBlankLines) {
   ASSERT_EQ(texts.size(), 2u);
   EXPECT_EQ(texts[0], alpaca_prompt("x", "") + "y, ] \" }");
   // Other field names.
-  write(d + "/qa.jsonl", R"({"question": "Why?", "answer": "Because."})"
-                         "\n");
+  write_file(d + "/qa.jsonl", R"({"question": "Why?", "answer": "Because."})"
+                              "\n");
   opt.format = ExampleFormat::prompt_completion;
   opt.fields.prompt = "question";
   opt.fields.completion = "answer";
   texts.clear();
   encode_examples({d + "/qa.jsonl"}, tok, opt, [&](const std::string&, int64_t, const EncodedExample& e) { texts.push_back(e.text); });
   EXPECT_EQ(texts, std::vector<std::string>{"Why?Because."});
-  write(d + "/sg.jsonl", R"({"conversations": [{"from": "user", "value": "Hi"}, {"from": "assistant", "value": "Yo"}]})"
-                         "\n");
+  write_file(d + "/sg.jsonl", R"({"conversations": [{"from": "user", "value": "Hi"}, {"from": "assistant", "value": "Yo"}]})"
+                              "\n");
   opt = ExampleOptions();
   opt.format = ExampleFormat::messages;
   opt.chat_template = ChatTemplate::chatml;
@@ -552,7 +555,7 @@ TEST(ExamplesReading, FormatsFoldersArraysBomCrlfAndBlankLines) {
 // Each bad input: one std::invalid_argument naming file, line and field; no examples file left.
 TEST(ExamplesReading, BadInputIsNamedWithFileLineAndField) {
   const Tokenizer tok = Tokenizer::load_folder(byte_folder("bad_tok", false));
-  const std::string d = dir("bad");
+  const std::string d = examples_dir("bad");
   const std::string good = R"({"instruction": "x", "output": "y"})";
   const std::string chat_head = R"({"messages": [)";
   struct Case {
@@ -597,7 +600,7 @@ TEST(ExamplesReading, BadInputIsNamedWithFileLineAndField) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string path = d + "/" + c.name + ".jsonl";
-    write(path, c.text);
+    write_file(path, c.text);
     ExampleOptions opt;
     opt.format = c.format;
     opt.chat_template = ChatTemplate::chatml;
@@ -612,7 +615,7 @@ TEST(ExamplesReading, BadInputIsNamedWithFileLineAndField) {
   ExampleOptions opt;
   opt.max_line_bytes = 100;
   const std::string long_line = "{\"instruction\": \"" + std::string(1000, 'x') + "\", \"output\": \"y\"}";
-  write(d + "/long.jsonl", good + "\n" + long_line + "\r\n" + good + "\n");
+  write_file(d + "/long.jsonl", good + "\n" + long_line + "\r\n" + good + "\n");
   EXPECT_HAS(error_of([&] { tokenize_examples({d + "/long.jsonl"}, tok, opt, d + "/long.examples"); }),
              "long.jsonl line 2: is " + std::to_string(long_line.size() + 1) + " bytes, longer than max_line_bytes (100)");
   // Paths: missing, a FIFO (never blocks: opened O_NONBLOCK and refused by fstat), a folder without data.
@@ -621,8 +624,8 @@ TEST(ExamplesReading, BadInputIsNamedWithFileLineAndField) {
   ASSERT_EQ(::mkfifo((d + "/fifo.jsonl").c_str(), 0600), 0);
   EXPECT_HAS(error_of([&] { tokenize_examples({d + "/fifo.jsonl"}, tok, ExampleOptions(), d + "/x.examples"); }),
              "is not a regular file (a FIFO)");
-  const std::string empty_dir = dir("bad_empty_dir");
-  write(empty_dir + "/readme.md", "no data");
+  const std::string empty_dir = examples_dir("bad_empty_dir");
+  write_file(empty_dir + "/readme.md", "no data");
   EXPECT_HAS(error_of([&] { tokenize_examples({empty_dir}, tok, ExampleOptions(), d + "/x.examples"); }), "no *.jsonl or *.json files");
   // Every example bad and skipped: no examples is still an error, naming the first reason.
   opt = ExampleOptions();
@@ -636,15 +639,15 @@ TEST(ExamplesReading, BadInputIsNamedWithFileLineAndField) {
 
 TEST(ExamplesReading, SkipBadCountsAndKeepsTheFirstReasons) {
   const Tokenizer tok = Tokenizer::load_folder(byte_folder("skip_tok", false));
-  const std::string d = dir("skip");
+  const std::string d = examples_dir("skip");
   std::string text;
   for (int i = 0; i < 30; ++i) {
     text += i % 3 == 1 ? R"({"instruction": "x", "output": 1})" : i % 3 == 2 ? "{bad json" : R"({"instruction": "x", "output": "y"})";
     text += "\n";
   }
   text += "{\"instruction\": \"" + std::string(500, 'z') + "\", \"output\": \"y\"}\n";
-  write(d + "/mixed.jsonl", text);
-  write(d + "/zero.jsonl", "");
+  write_file(d + "/mixed.jsonl", text);
+  write_file(d + "/zero.jsonl", "");
   ExampleOptions opt;
   opt.skip_bad = true;
   opt.max_line_bytes = 200;
@@ -674,13 +677,13 @@ void put(std::string& bytes, size_t at, T value) {
 TEST(ExampleFile, RoundTripsAndRefusesHostileCopies) {
   const std::string folder = byte_folder("file_tok", true, chat_template_jinja(ChatTemplate::llama3));
   const Tokenizer tok = Tokenizer::load_folder(folder);
-  const std::string d = dir("file");
+  const std::string d = examples_dir("file");
   std::string text;
   for (int i = 0; i < 50; ++i) {
     text += R"({"messages": [{"role": "user", "content": "q)" + std::to_string(i) + R"("}, {"role": "assistant", "content": "a)" +
             std::string(static_cast<size_t>(i % 7 + 1), 'x') + "\"}]}\n";
   }
-  write(d + "/chats.jsonl", text);
+  write_file(d + "/chats.jsonl", text);
   ExampleOptions opt;
   opt.format = ExampleFormat::messages;
   std::vector<EncodedExample> want;
@@ -727,7 +730,7 @@ TEST(ExampleFile, RoundTripsAndRefusesHostileCopies) {
   auto variant = [&](const std::string& name, const std::function<void(std::string&)>& change, const std::string& needle) {
     std::string b = bytes;
     change(b);
-    write(d + "/" + name, b);
+    write_file(d + "/" + name, b);
     hostile.push_back({name, needle});
   };
   variant(
@@ -777,7 +780,7 @@ TEST(ExampleFile, RoundTripsAndRefusesHostileCopies) {
       const size_t at = region == 0 ? (x >> 40) % 64 : offsets_at + (x >> 40) % (b.size() - offsets_at);
       b[at] = static_cast<char>(x >> 24);
     }
-    write(d + "/fuzz", b);
+    write_file(d + "/fuzz", b);
     try {
       const ExampleFile f(d + "/fuzz");
       int64_t sum = 0;  // every example's last token and flag read: in bounds when the checks hold
@@ -795,13 +798,13 @@ namespace {
 // only the completion and EOS with loss.
 std::shared_ptr<const ExampleFile> numbered_examples(const std::string& name, int n) {
   const Tokenizer tok = Tokenizer::load_folder(byte_folder(name + "_tok", false));
-  const std::string d = dir(name);
+  const std::string d = examples_dir(name);
   std::string text;
   for (int i = 0; i < n; ++i) {
     text += "{\"prompt\": \"p" + std::string(1, static_cast<char>('a' + i % 26)) + std::string(1, static_cast<char>('A' + i / 26)) +
             "\", \"completion\": \"" + std::string(static_cast<size_t>(i % 9 + 1), 'x') + "\"}\n";
   }
-  write(d + "/data.jsonl", text);
+  write_file(d + "/data.jsonl", text);
   ExampleOptions opt;
   opt.format = ExampleFormat::prompt_completion;
   tokenize_examples({d + "/data.jsonl"}, tok, opt, d + "/data.examples");
@@ -1025,14 +1028,14 @@ TEST(ExampleBatches, BadOptionsAreRefused) {
 
 namespace {
 
-struct ChildRun {
+struct ExamplesChildRun {
   int64_t rss_growth = 0, examples = 0, tokens = 0;
 };
 
 // tokenize_examples in a child process: its peak RSS growth (VmHWM after, less VmRSS when the peak
 // was reset just before). held: the dataset is also read into memory first (a control: the measure
 // must see memory that grows with the dataset).
-ChildRun tokenize_in_child(const std::string& data, const Tokenizer& tok, const std::string& out, bool held = false) {
+ExamplesChildRun tokenize_examples_in_child(const std::string& data, const Tokenizer& tok, const std::string& out, bool held = false) {
   struct Counts {
     int64_t examples = 0, tokens = 0;
   };
@@ -1042,7 +1045,7 @@ ChildRun tokenize_in_child(const std::string& data, const Tokenizer& tok, const 
     if (held && copy.empty()) throw std::runtime_error("the held copy is empty");
     return Counts{static_cast<int64_t>(s.examples), static_cast<int64_t>(s.tokens)};
   });
-  return ChildRun{r.rss_growth, r.value.examples, r.value.tokens};
+  return ExamplesChildRun{r.rss_growth, r.value.examples, r.value.tokens};
 }
 
 }  // namespace
@@ -1052,18 +1055,18 @@ ChildRun tokenize_in_child(const std::string& data, const Tokenizer& tok, const 
 // grow by more than the 3N bytes added, so the measure sees such growth).
 TEST(ExamplesMemory, TokenizingIsFlatInDatasetSize) {
   const Tokenizer tok = Tokenizer::load_folder(byte_folder("flat_tok", false));
-  const std::string d = dir("flat");
+  const std::string d = examples_dir("flat");
   std::string lines;
   for (int i = 0; lines.size() < (size_t(1) << 20); ++i) {
     lines += "{\"instruction\": \"Repeat the words " + std::to_string(i) + "\", \"input\": \"the cat sat on the mat\", \"output\": \"" +
              std::string(static_cast<size_t>(200 + i % 300), static_cast<char>('a' + i % 26)) + "\"}\n";
   }
-  write(d + "/n.jsonl", lines);
+  write_file(d + "/n.jsonl", lines);
   std::string four;
   for (int i = 0; i < 4; ++i) four += lines;
-  write(d + "/4n.jsonl", four);
-  const ChildRun small = tokenize_in_child(d + "/n.jsonl", tok, d + "/n.examples");
-  const ChildRun big = tokenize_in_child(d + "/4n.jsonl", tok, d + "/4n.examples");
+  write_file(d + "/4n.jsonl", four);
+  const ExamplesChildRun small = tokenize_examples_in_child(d + "/n.jsonl", tok, d + "/n.examples");
+  const ExamplesChildRun big = tokenize_examples_in_child(d + "/4n.jsonl", tok, d + "/4n.examples");
   EXPECT_EQ(big.examples, 4 * small.examples);
   EXPECT_EQ(big.tokens, 4 * small.tokens);
   RecordProperty("rss_growth_n", std::to_string(small.rss_growth));
@@ -1071,8 +1074,8 @@ TEST(ExamplesMemory, TokenizingIsFlatInDatasetSize) {
   EXPECT_LT(big.rss_growth - small.rss_growth, int64_t(2) << 20)
       << "peak RSS growth " << small.rss_growth << " B for " << lines.size() << " B, " << big.rss_growth << " B for 4x";
   EXPECT_EQ(ExampleFile(d + "/4n.examples").size(), big.examples);
-  const ChildRun small_held = tokenize_in_child(d + "/n.jsonl", tok, d + "/n_held.examples", true);
-  const ChildRun big_held = tokenize_in_child(d + "/4n.jsonl", tok, d + "/4n_held.examples", true);
+  const ExamplesChildRun small_held = tokenize_examples_in_child(d + "/n.jsonl", tok, d + "/n_held.examples", true);
+  const ExamplesChildRun big_held = tokenize_examples_in_child(d + "/4n.jsonl", tok, d + "/4n_held.examples", true);
   EXPECT_GT(big_held.rss_growth - small_held.rss_growth, static_cast<int64_t>(2 * lines.size()));
   EXPECT_EQ(read_bytes(d + "/4n_held.examples"), read_bytes(d + "/4n.examples"));
 }

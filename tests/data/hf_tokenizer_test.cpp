@@ -15,6 +15,7 @@
 #include "frugal/io/atomic_file.h"
 #include "frugal/io/files.h"
 #include "frugal/io/json_value.h"
+#include "build_info.h"  // FRUGAL_*: this build's facts (CMakeLists.txt)
 
 using namespace frugal::data;
 
@@ -75,9 +76,11 @@ void expect_refused(const std::string& json, const std::string& needle) {
   }
 }
 
-class HfTokenizerParity : public ::testing::TestWithParam<std::string> {};
-
 }  // namespace
+
+// Outside the anonymous namespace: GoogleTest derives each case's class from it, which GCC warns about
+// in a unity batch (-Wsubobject-linkage) when the base has internal linkage.
+class HfTokenizerParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfTokenizerParity, IdsEqualTheTokenizersLibrarysOnHardStrings) {
   const std::string name = GetParam();

@@ -25,10 +25,13 @@
 #include "frugal/models/hf_checkpoint.h"
 #include "frugal/train/recipe.h"
 #include "frugal/train/run_state.h"
+#include "../support/common.h"
 
 namespace io = frugal::io;
 
 namespace {
+
+using frugal::testing::write_file;
 
 std::string fresh_dir(const std::string& name) {
   const std::string d = "/tmp/frugal_files_test_" + std::to_string(::getpid()) + "_" + name;
@@ -36,8 +39,6 @@ std::string fresh_dir(const std::string& name) {
   io::make_directories(d);
   return d;
 }
-
-void write(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 // Runs f in a child process that SIGALRM ends after `seconds` (a reader blocked in open fails the
 // test instead of hanging it); returns what the child reported: "ok:<message>" when f threw
@@ -134,16 +135,16 @@ TEST(Files, AFileWithoutAKnownSizeIsRefusedAnEmptyOneRead) {
             "ok:corpus file /proc/self/status has no size the system knows (a file such as those under /proc); copy it to a regular "
             "file");
   const std::string d = fresh_dir("empty");
-  write(d + "/empty", "");
+  write_file(d + "/empty", "");
   EXPECT_EQ(io::read_file(d + "/empty", io::kPointerFileBytes), "");
   io::remove_tree(d);
 }
 
 TEST(Files, ReadFileRefusesAFileLargerThanItsBoundNamingTheBound) {
   const std::string d = fresh_dir("bound");
-  write(d + "/latest", std::string(io::kPointerFileBytes, 'x'));
+  write_file(d + "/latest", std::string(io::kPointerFileBytes, 'x'));
   EXPECT_EQ(io::read_file(d + "/latest", io::kPointerFileBytes).size(), io::kPointerFileBytes);
-  write(d + "/latest", std::string(io::kPointerFileBytes + 1, 'x'));
+  write_file(d + "/latest", std::string(io::kPointerFileBytes + 1, 'x'));
   try {
     io::read_file(d + "/latest", io::kPointerFileBytes);
     ADD_FAILURE() << "a file over its bound was read";
@@ -155,7 +156,7 @@ TEST(Files, ReadFileRefusesAFileLargerThanItsBoundNamingTheBound) {
 
 TEST(Files, AGrowingFileIsReadOnlyToItsSizeAtOpen) {
   const std::string d = fresh_dir("grow");
-  write(d + "/corpus.txt", std::string(1000, 'a'));
+  write_file(d + "/corpus.txt", std::string(1000, 'a'));
   io::ReadableFile f = io::open_regular_file(d + "/corpus.txt");
   EXPECT_EQ(f.size(), 1000u);
   std::ofstream(d + "/corpus.txt", std::ios::app) << std::string(5000, 'b');  // a writer still at work
@@ -215,7 +216,7 @@ TEST(Files, EveryReaderRefusesAFifoADevZeroLinkAndAFolderByName) {
 
 TEST(Files, LatestHoldingBinaryIsQuotedEscapedAndCut) {
   const std::string d = fresh_dir("latest");
-  write(d + "/latest", std::string("step-\0\0\x1b[31m", 12) + std::string(3000, 'z'));
+  write_file(d + "/latest", std::string("step-\0\0\x1b[31m", 12) + std::string(3000, 'z'));
   try {
     frugal::train::latest_checkpoint(d);
     ADD_FAILURE() << "a binary latest was accepted";
@@ -238,7 +239,7 @@ TEST(FilesTempDir, MadeUnderTmpdirAndRemovedWholeOnAnException) {
     const io::TempDir t("frugal-test");
     made = t.path();
     io::make_directories(made + "/a/b");
-    write(made + "/a/b/c", "x");
+    write_file(made + "/a/b/c", "x");
     ASSERT_EQ(::symlink("/etc", (made + "/a/etc").c_str()), 0);  // a link is removed, not followed
     throw std::runtime_error("a failure midway");
   } catch (const std::runtime_error&) {
@@ -266,7 +267,7 @@ TEST(FilesTempDir, RemovedWhenTheProcessIsEndedBySigintSigtermOrSighup) {
       ::alarm(20);  // a handler that does not end the process fails the test, never hangs it
       const io::TempDir t("frugal-test-signal");
       io::make_directories(t.path() + "/deep/er");
-      write(t.path() + "/deep/er/file", std::string(10000, 'x'));
+      write_file(t.path() + "/deep/er/file", std::string(10000, 'x'));
       const std::string line = t.path() + "\n";
       (void)!::write(fds[1], line.data(), line.size());
       for (;;) ::pause();

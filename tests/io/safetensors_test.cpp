@@ -8,12 +8,13 @@
 #include "frugal/io/json_value.h"
 #include "frugal/io/safetensors.h"
 #include "frugal/io/units.h"
+#include "../support/common.h"
 
 using namespace frugal::io;
 
 namespace {
 
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/frugal_st_" + name; }
+using frugal::testing::temp_path;
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

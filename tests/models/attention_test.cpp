@@ -10,10 +10,13 @@
 #include <cmath>
 
 #include "frugal/models/attention.h"
+#include "../support/common.h"
 
 using frugal::models::AttentionKernel;
 
 namespace {
+
+using frugal::testing::max_diff;
 
 // softmax over masked q k^T / sqrt(dh), then v: the plain computation, in q's dtype
 at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -28,8 +31,6 @@ at::Tensor repeat_heads(const at::Tensor& x, int64_t rep) {
   const auto s = x.sizes();
   return x.unsqueeze(2).expand({s[0], s[1], rep, s[2], s[3]}).reshape({s[0], s[1] * rep, s[2], s[3]});
 }
-
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>(); }
 
 struct AttentionRun {
   at::Tensor out;

@@ -10,10 +10,13 @@
 
 #include "frugal/models/evaluate.h"
 #include "frugal/models/generation.h"
+#include "../support/common.h"
 
 using namespace frugal;
 
 namespace {
+
+using frugal::testing::greedy;
 
 models::Decoder tiny_model(const std::string& arch = "llama") {
   at::manual_seed(7);
@@ -34,8 +37,6 @@ models::Decoder tiny_model(const std::string& arch = "llama") {
 }
 
 const std::vector<int32_t> kPrompt = {3, 14, 15, 92, 65};
-
-models::GenerationOptions greedy(int64_t n) { return models::GenerationOptions().max_new_tokens(n).temperature(0); }
 
 }  // namespace
 

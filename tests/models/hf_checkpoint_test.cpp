@@ -22,7 +22,7 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
-models::DecoderConfig tiny(const std::string& arch) {
+models::DecoderConfig small_config(const std::string& arch) {
   models::DecoderConfig c;
   c.arch = arch;
   c.vocab_size = 50;
@@ -43,15 +43,15 @@ TEST(HfCheckpoint, RoundTripSingleAndSharded) {
     for (int64_t shard : {int64_t{0}, int64_t{3000}}) {
       SCOPED_TRACE(std::string(arch) + " shard " + std::to_string(shard));
       torch::manual_seed(0);
-      auto model = models::make_decoder(tiny(arch));
+      auto model = models::make_decoder(small_config(arch));
       const std::string dir = fresh_dir(std::string(arch) + std::to_string(shard)) + "/made/by/save";  // folders made
       models::save_hf_checkpoint(*model, dir, shard);
       struct stat st {};
       EXPECT_EQ(::stat((dir + "/model.safetensors.index.json").c_str(), &st) == 0, shard > 0);
       const auto cfg = models::read_hf_config(dir + "/config.json");
       EXPECT_EQ(cfg.arch, arch);
-      EXPECT_EQ(cfg.n_kv_heads, tiny(arch).n_kv_heads);
-      EXPECT_EQ(cfg.param_count(), tiny(arch).param_count());
+      EXPECT_EQ(cfg.n_kv_heads, small_config(arch).n_kv_heads);
+      EXPECT_EQ(cfg.param_count(), small_config(arch).param_count());
       torch::manual_seed(1);
       auto loaded = models::make_decoder(cfg);
       models::load_hf_weights(*loaded, dir);
@@ -63,7 +63,7 @@ TEST(HfCheckpoint, RoundTripSingleAndSharded) {
 }
 
 TEST(HfCheckpoint, Gpt2WeightsAreStoredAsConv1D) {
-  auto model = models::make_decoder(tiny("gpt2"));
+  auto model = models::make_decoder(small_config("gpt2"));
   const std::string dir = fresh_dir("gpt2conv");
   models::save_hf_checkpoint(*model, dir);
   io::SafetensorsReader r(dir + "/model.safetensors");
@@ -71,7 +71,7 @@ TEST(HfCheckpoint, Gpt2WeightsAreStoredAsConv1D) {
 }
 
 TEST(HfCheckpoint, WeightsThatDoNotFitAreNamed) {
-  auto model = models::make_decoder(tiny("llama"));
+  auto model = models::make_decoder(small_config("llama"));
   const std::string dir = fresh_dir("bad");
   io::write_safetensors(dir + "/model.safetensors",
                         {{"model.embed_tokens.weight", at::zeros({50, 8})}, {"model.norm.weight", at::zeros({16})}});
@@ -133,7 +133,7 @@ TEST(HfCheckpoint, LoadingAtRealWidthHoldsOneTensorBesidesTheModel) {
 TEST(HfCheckpoint, ShapesFromTheConfigAreTheModelsParameters) {
   for (const std::string arch : {"llama", "gpt2"}) {
     for (int variant = 0; variant < 4; ++variant) {
-      models::DecoderConfig c = tiny(arch);
+      models::DecoderConfig c = small_config(arch);
       c.tie_embeddings = variant % 2 == 1;
       if (arch == "llama" && variant >= 2) {  // biases and a head size of its own
         c.attention_bias = c.mlp_bias = true;
@@ -151,7 +151,7 @@ TEST(HfCheckpoint, ShapesFromTheConfigAreTheModelsParameters) {
 }
 
 TEST(HfCheckpoint, AConfigLargerThanItsWeightsIsRefusedBeforeAnyModelIsBuilt) {
-  auto model = models::make_decoder(tiny("llama"));
+  auto model = models::make_decoder(small_config("llama"));
   const std::string dir = fresh_dir("huge_config");
   models::save_hf_checkpoint(*model, dir);
   EXPECT_NO_THROW(models::load_hf_checkpoint(dir));
@@ -187,7 +187,7 @@ TEST(HfCheckpoint, AConfigLargerThanItsWeightsIsRefusedBeforeAnyModelIsBuilt) {
 TEST(HfCheckpoint, AHugeTensorInASparseFileIsRefusedFromItsHeaderWithoutReadingIt) {
   // 4 KiB on disk declaring a 1 GiB tensor: the shape check comes from the header, before any data
   // is read (no allocation for it, and not a quarter of its pages touched through a mapping).
-  auto model = models::make_decoder(tiny("llama"));
+  auto model = models::make_decoder(small_config("llama"));
   const std::string dir = fresh_dir("sparse");
   const int64_t n = int64_t{1} << 28, bytes = n * 4;
   std::string header =
@@ -330,7 +330,7 @@ TEST(HfCheckpoint, FieldsThatWouldChangeTheModelAreRefusedByName) {
 }
 
 TEST(HfCheckpoint, EveryFieldRoundTripsAndTheHarmlessOnesPassThrough) {
-  models::DecoderConfig l = tiny("llama");
+  models::DecoderConfig l = small_config("llama");
   l.explicit_head_dim = 6;
   l.attention_bias = l.mlp_bias = true;
   l.rope_theta = 5000;
@@ -339,7 +339,7 @@ TEST(HfCheckpoint, EveryFieldRoundTripsAndTheHarmlessOnesPassThrough) {
   l.rope_scaling.original_max_position_embeddings = 8;
   l.norm_eps = 1e-6;
   l.activation = "gelu_tanh";
-  models::DecoderConfig g = tiny("gpt2");
+  models::DecoderConfig g = small_config("gpt2");
   g.tie_embeddings = false;
   g.activation = "gelu_tanh";
   for (const auto& c : {l, g}) {

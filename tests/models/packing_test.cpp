@@ -26,7 +26,7 @@ using models::DecoderConfig;
 
 namespace {
 
-DecoderConfig tiny(const std::string& arch) {
+DecoderConfig packing_config(const std::string& arch) {
   DecoderConfig c;
   c.arch = arch;
   c.vocab_size = 61;
@@ -40,7 +40,7 @@ DecoderConfig tiny(const std::string& arch) {
 }
 
 DecoderConfig llama3_scaled() {
-  DecoderConfig c = tiny("llama");
+  DecoderConfig c = packing_config("llama");
   c.rope_scaling.type = "llama3";
   c.rope_scaling.factor = 8;
   c.rope_scaling.original_max_position_embeddings = 8;
@@ -48,7 +48,7 @@ DecoderConfig llama3_scaled() {
   return c;
 }
 
-std::vector<DecoderConfig> configs() { return {tiny("llama"), llama3_scaled(), tiny("gpt2")}; }
+std::vector<DecoderConfig> configs() { return {packing_config("llama"), llama3_scaled(), packing_config("gpt2")}; }
 
 std::string describe(const DecoderConfig& c) {
   return c.arch + (c.rope_scaling.type == "llama3" ? " llama3-rope" : "") + " " + models::attention_kernel_name(c.attention);
@@ -332,8 +332,8 @@ TEST(Packing, UndefinedSegmentsAreTheUnpackedComputationBitForBit) {
 TEST(Packing, LossSumIsMeanTimesCount) {
   for (const char* arch : {"llama", "gpt2"}) {
     SCOPED_TRACE(arch);
-    auto m = make(tiny(arch));
-    const auto ex = examples(tiny(arch).vocab_size);
+    auto m = make(packing_config(arch));
+    const auto ex = examples(packing_config(arch).vocab_size);
     for (const Batch& b : {packed(ex), unpacked(ex)}) {
       const double count = b.targets.ne(-100).sum().item<double>();
       ASSERT_GT(count, 0);
@@ -377,7 +377,7 @@ int64_t forward_kept(models::DecoderImpl& m, const at::Tensor& tokens, const at:
 // checkpointed, kept(0), the shared layout alone; for llama and gpt2, both kernels, fp32, bf16
 // parameters and bf16 autocast.
 TEST(Packing, PackingBytesEqualTheTracker) {
-  for (DecoderConfig c : {tiny("llama"), tiny("gpt2")}) {
+  for (DecoderConfig c : {packing_config("llama"), packing_config("gpt2")}) {
     for (AttentionKernel kernel : models::available_attention_kernels()) {
       c.attention = kernel;
       for (const char* mode : {"fp32", "bf16", "autocast"}) {

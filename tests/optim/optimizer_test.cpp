@@ -14,6 +14,7 @@
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/schedule.h"
 #include "frugal/optim/update.h"
+#include "../support/common.h"
 
 using namespace frugal;
 using optim::Algorithm;
@@ -22,6 +23,8 @@ using optim::Mode;
 using optim::OptimizerOptions;
 
 namespace {
+
+using frugal::testing::max_param_diff;
 
 // A small Transformer stack with named parameters, deterministic from a seed.
 struct Model : torch::nn::Module {
@@ -44,15 +47,8 @@ std::vector<at::Tensor> batches(int n, uint64_t seed = 1) {
   return out;
 }
 
-double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
-  double m = 0;
-  auto pa = a.parameters(), pb = b.parameters();
-  for (size_t i = 0; i < pa.size(); ++i) m = std::max(m, (pa[i] - pb[i]).abs().max().item<double>());
-  return m;
-}
-
-void train(Model& model, optim::Optimizer& opt, const std::vector<at::Tensor>& data,
-           const checkpoint::CheckpointPolicy& policy = checkpoint::CheckpointPolicy::none(), optim::LRScheduler* sched = nullptr) {
+void run_steps(Model& model, optim::Optimizer& opt, const std::vector<at::Tensor>& data,
+               const checkpoint::CheckpointPolicy& policy = checkpoint::CheckpointPolicy::none(), optim::LRScheduler* sched = nullptr) {
   for (const auto& x : data) {
     opt.backward(model.loss(x, policy));
     opt.step();
@@ -126,7 +122,7 @@ TEST(Optimizer, UpdatesEqualTorchOptimAfter20Steps) {
         for (Model* m : {&ours, &ref, &start}) m->to(dtype);
         optim::Optimizer opt(ours.named_parameters(), c.ours.mode(mode));
         auto reference = c.reference(ref.parameters());
-        train(ours, opt, in_dtype(data, dtype));
+        run_steps(ours, opt, in_dtype(data, dtype));
         train_reference(ref, *reference, in_dtype(data, dtype));
         EXPECT_LE(max_param_diff(ours, ref), torch_optim_tolerance(c.ours.algorithm(), dtype));
         EXPECT_GT(max_param_diff(ours, start), 1e-3);  // it did train
@@ -144,8 +140,8 @@ TEST(Optimizer, InBackwardEqualsStandardOnARealModelWithAndWithoutCheckpointing)
     const auto opts = OptimizerOptions().lr(3e-3).weight_decay(0.05);
     optim::Optimizer standard(a.named_parameters(), opts);
     optim::Optimizer in_backward(b.named_parameters(), OptimizerOptions(opts).mode(Mode::in_backward));
-    train(a, standard, data, p);
-    train(b, in_backward, data, p);
+    run_steps(a, standard, data, p);
+    run_steps(b, in_backward, data, p);
     EXPECT_LE(max_param_diff(a, b), 1e-6);
     for (const auto& param : b.parameters()) EXPECT_FALSE(param.grad().defined());  // freed during backward
   }
@@ -176,7 +172,7 @@ TEST(Optimizer, ParamGroupsHaveTheirOwnLrAndWeightDecay) {
     optim::Optimizer opt({d2, n2}, OptimizerOptions().lr(1e-2).mode(mode));
     EXPECT_DOUBLE_EQ(opt.lr(0), 1e-2);
     EXPECT_DOUBLE_EQ(opt.lr(1), 5e-3);
-    train(m, opt, data);
+    run_steps(m, opt, data);
     Model r(2, 32, 4);
     auto [rd, rn] = split(r, false);
     std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -196,8 +192,8 @@ TEST(Optimizer, SchedulesDriveBothModesTheSameWay) {
   optim::Optimizer oa(a.named_parameters(), opts), ob(b.named_parameters(), OptimizerOptions(opts).mode(Mode::in_backward));
   optim::LRScheduler sa(oa, sched), sb(ob, sched);
   EXPECT_DOUBLE_EQ(oa.lr(), 0.0);  // warm-up starts at 0
-  train(a, oa, data, checkpoint::CheckpointPolicy::none(), &sa);
-  train(b, ob, data, checkpoint::CheckpointPolicy::none(), &sb);
+  run_steps(a, oa, data, checkpoint::CheckpointPolicy::none(), &sa);
+  run_steps(b, ob, data, checkpoint::CheckpointPolicy::none(), &sb);
   EXPECT_LE(max_param_diff(a, b), 1e-6);
   EXPECT_EQ(sa.last_step(), 12);
   EXPECT_NEAR(oa.lr(), 0.0, 1e-12);  // the cosine reached its floor
@@ -239,8 +235,8 @@ TEST(Optimizer, TwoPassClippingWorksThroughCheckpointedRegions) {
     const auto opts = OptimizerOptions().lr(1e-2).max_grad_norm(0.05);
     optim::Optimizer standard(a.named_parameters(), OptimizerOptions(opts).clip(Clip::global_norm));
     optim::Optimizer two_pass(b.named_parameters(), OptimizerOptions(opts).clip(Clip::global_norm_two_pass).mode(Mode::in_backward));
-    train(a, standard, data, p);
-    train(b, two_pass, data, p);
+    run_steps(a, standard, data, p);
+    run_steps(b, two_pass, data, p);
     EXPECT_LE(max_param_diff(a, b), 1e-6);
   }
 }
@@ -251,9 +247,9 @@ TEST(Optimizer, PerParameterClippingIsTheSameInBothModes) {
   const auto opts = OptimizerOptions().algorithm(Algorithm::sgd).lr(0.5).clip(Clip::per_param_norm).max_grad_norm(0.01);
   optim::Optimizer oa(a.named_parameters(), opts), ob(b.named_parameters(), OptimizerOptions(opts).mode(Mode::in_backward));
   optim::Optimizer ou(unclipped.named_parameters(), OptimizerOptions(opts).clip(Clip::none));
-  train(a, oa, data);
-  train(b, ob, data);
-  train(unclipped, ou, data);
+  run_steps(a, oa, data);
+  run_steps(b, ob, data);
+  run_steps(unclipped, ou, data);
   EXPECT_LE(max_param_diff(a, b), 1e-6);
   EXPECT_GT(max_param_diff(a, unclipped), 1e-3);  // the clipping did something
 }
@@ -305,7 +301,7 @@ TEST(Optimizer, StateDictMovesBetweenModesAndContinuesTheTrajectory) {
   const auto opts = OptimizerOptions().lr(5e-3).weight_decay(0.01);
   Model straight(2, 32, 12);
   optim::Optimizer o1(straight.named_parameters(), opts);
-  train(straight, o1, data);
+  run_steps(straight, o1, data);
 
   for (Mode resumed_mode : {Mode::standard, Mode::in_backward}) {
     Model before(2, 32, 12);
@@ -314,7 +310,7 @@ TEST(Optimizer, StateDictMovesBetweenModesAndContinuesTheTrajectory) {
     {
       optim::Optimizer o(before.named_parameters(),
                          OptimizerOptions(opts).mode(resumed_mode == Mode::standard ? Mode::in_backward : Mode::standard));
-      train(before, o, first);
+      run_steps(before, o, first);
       for (const auto& [k, v] : o.state_dict()) saved_state[k] = v.clone();
       for (const auto& p : before.parameters()) saved_params.push_back(p.detach().clone());
     }
@@ -326,7 +322,7 @@ TEST(Optimizer, StateDictMovesBetweenModesAndContinuesTheTrajectory) {
     }
     optim::Optimizer o(after.named_parameters(), OptimizerOptions(opts).mode(resumed_mode));
     o.load_state_dict(saved_state);
-    train(after, o, second);
+    run_steps(after, o, second);
     EXPECT_LE(max_param_diff(after, straight), 1e-6) << optim::mode_name(resumed_mode);
   }
 }
@@ -449,18 +445,18 @@ TEST(Optimizer, TorchSaveAndLoadContinueTheTrajectory) {
   const auto opts = optim::AdamWOptions(5e-3).state(optim::StateOptions().precision(optim::StatePrecision::int8).min_quantized_numel(256));
   Model straight(2, 32, 12);
   optim::Optimizer o1(straight.parameters(), opts);
-  train(straight, o1, data);
+  run_steps(straight, o1, data);
 
   const std::string path = ::testing::TempDir() + "/frugal_optimizer.pt";
   Model resumed(2, 32, 12);
   {
     optim::Optimizer o(resumed.parameters(), opts);
-    train(resumed, o, first);
+    run_steps(resumed, o, first);
     torch::save(o, path);
   }
   optim::Optimizer o(resumed.parameters(), opts);
   torch::load(o, path);
-  train(resumed, o, second);
+  run_steps(resumed, o, second);
   EXPECT_LE(max_param_diff(resumed, straight), 1e-6);
 
   const std::string other = ::testing::TempDir() + "/frugal_not_optimizer.pt";

@@ -15,6 +15,7 @@
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/quantize.h"
 #include "frugal/optim/state_buffer.h"
+#include "../support/common.h"
 
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -22,6 +23,8 @@ using namespace frugal;
 using namespace frugal::optim;
 
 namespace {
+
+using frugal::testing::max_param_diff;
 
 // Mostly large tensors: three Linear layers (plus small biases).
 struct Mlp : torch::nn::Module {
@@ -35,14 +38,14 @@ struct Mlp : torch::nn::Module {
   at::Tensor loss(const at::Tensor& x) { return (c(at::gelu(b(at::gelu(a(x))))) - x.flip(1)).pow(2).mean(); }
 };
 
-std::vector<at::Tensor> data(int n) {
+std::vector<at::Tensor> inputs(int n) {
   torch::manual_seed(99);
   std::vector<at::Tensor> out;
   for (int i = 0; i < n; ++i) out.push_back(at::randn({32, 128}));
   return out;
 }
 
-double train(Mlp& m, Optimizer& opt, const std::vector<at::Tensor>& xs) {
+double run_steps(Mlp& m, Optimizer& opt, const std::vector<at::Tensor>& xs) {
   double last = 0;
   for (const auto& x : xs) {
     at::Tensor loss = m.loss(x);
@@ -52,13 +55,6 @@ double train(Mlp& m, Optimizer& opt, const std::vector<at::Tensor>& xs) {
     opt.zero_grad();
   }
   return last;
-}
-
-double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
-  double d = 0;
-  auto pa = a.parameters(), pb = b.parameters();
-  for (size_t i = 0; i < pa.size(); ++i) d = std::max(d, (pa[i] - pb[i]).abs().max().item<double>());
-  return d;
 }
 
 OptimizerOptions adamw(StatePrecision p, StatePlacement where = StatePlacement::device) {
@@ -125,7 +121,7 @@ TEST(OptimizerState, BytesPerParameterByPrecision) {
     auto tracker = memory::Tracker::create();
     memory::TrackingGuard on(tracker);
     Optimizer opt(m.named_parameters(), adamw(precision));
-    train(m, opt, {at::randn({8, 256})});
+    run_steps(m, opt, {at::randn({8, 256})});
     const double by_tensors = static_cast<double>(opt.state_bytes()) / static_cast<double>(n);
     const double by_tracker =
         static_cast<double>(tracker->live_by_category()[static_cast<int>(memory::Category::optimizer_state)]) / static_cast<double>(n);
@@ -155,7 +151,7 @@ TEST(OptimizerState, BytesFormulaEqualsWhatTheTrackerSees) {
       }
       {
         Optimizer opt(m.named_parameters(), o);
-        train(m, opt, {at::randn({8, 192})});
+        run_steps(m, opt, {at::randn({8, 192})});
         const auto live = tracker->live_by_category();
         // File placement's files are mapped in a chunk at a time, during the update only.
         const int64_t resident = where == StatePlacement::file ? expected - in_files : expected;
@@ -178,7 +174,7 @@ TEST(OptimizerState, BytesFormulaEqualsWhatTheTrackerSees) {
 // first update, and the state the updates made is held in that precision (biases, under 4096
 // elements, keep fp32 moments; the weights hold codes and block scales).
 TEST(OptimizerState, StatePrecisionNamesTheSmallTensorsFallback) {
-  const auto xs = data(4);
+  const auto xs = inputs(4);
   for (StatePrecision p : {StatePrecision::int8, StatePrecision::int4, StatePrecision::bf16}) {
     SCOPED_TRACE(precision_name(p));
     Mlp m(5);
@@ -187,7 +183,7 @@ TEST(OptimizerState, StatePrecisionNamesTheSmallTensorsFallback) {
     const auto numels = opt.parameter_numels();
     std::vector<StatePrecision> before;
     for (size_t i = 0; i < names.size(); ++i) before.push_back(opt.state_precision(i));
-    train(m, opt, xs);
+    run_steps(m, opt, xs);
     const auto state = opt.state_dict();
     int fallbacks = 0;
     for (size_t i = 0; i < names.size(); ++i) {
@@ -209,15 +205,15 @@ TEST(OptimizerState, StatePrecisionNamesTheSmallTensorsFallback) {
 }
 
 TEST(OptimizerState, MmapAndHostStateEqualInMemoryState) {
-  const auto xs = data(20);
+  const auto xs = inputs(20);
   for (StatePrecision p : {StatePrecision::fp32, StatePrecision::int8, StatePrecision::int4}) {
     SCOPED_TRACE(precision_name(p));
     Mlp ref(2), mapped(2), host(2);
     Optimizer o_ref(ref.named_parameters(), adamw(p)), o_map(mapped.named_parameters(), adamw(p, StatePlacement::mmap)),
         o_host(host.named_parameters(), adamw(p, StatePlacement::host));
-    train(ref, o_ref, xs);
-    train(mapped, o_map, xs);
-    train(host, o_host, xs);
+    run_steps(ref, o_ref, xs);
+    run_steps(mapped, o_map, xs);
+    run_steps(host, o_host, xs);
     EXPECT_LE(max_param_diff(ref, mapped), 1e-6);
     EXPECT_LE(max_param_diff(ref, host), 1e-6);
   }
@@ -225,18 +221,18 @@ TEST(OptimizerState, MmapAndHostStateEqualInMemoryState) {
   Mlp plain(3), streamed(3);
   Optimizer o1(plain.named_parameters(), adamw(StatePrecision::fp32));
   Optimizer o2(streamed.named_parameters(), adamw(StatePrecision::fp32, StatePlacement::mmap));
-  train(plain, o1, xs);
-  train(streamed, o2, xs);
+  run_steps(plain, o1, xs);
+  run_steps(streamed, o2, xs);
   EXPECT_LE(max_param_diff(plain, streamed), 1e-6);
 }
 
 TEST(OptimizerState, StateDictsRoundTripAcrossPrecisions) {
-  const auto xs = data(16);
+  const auto xs = inputs(16);
   const std::vector<at::Tensor> first(xs.begin(), xs.begin() + 8), second(xs.begin() + 8, xs.end());
   // int8 -> int8: exact continuation.
   Mlp straight(4), resumed(4);
   Optimizer o_straight(straight.named_parameters(), adamw(StatePrecision::int8));
-  train(straight, o_straight, first);
+  run_steps(straight, o_straight, first);
   TensorDict saved;
   for (const auto& [k, v] : o_straight.state_dict()) saved[k] = v.clone();
   EXPECT_TRUE(saved.count("a.weight.exp_avg.codes") && saved.count("a.weight.exp_avg_sq.absmax"));
@@ -250,14 +246,14 @@ TEST(OptimizerState, StateDictsRoundTripAcrossPrecisions) {
   o_resumed.load_state_dict(saved);
   const auto again = o_resumed.state_dict();
   for (const auto& [k, v] : saved) EXPECT_TRUE(at::equal(again.at(k), v)) << k;  // codes and scales exactly
-  train(straight, o_straight, second);
-  train(resumed, o_resumed, second);
+  run_steps(straight, o_straight, second);
+  run_steps(resumed, o_resumed, second);
   EXPECT_LE(max_param_diff(straight, resumed), 1e-6);
 
   // fp32 state into an 8-bit optimizer is quantized; 8-bit state into an fp32 one is decoded.
   Mlp f(5);
   Optimizer o_fp32(f.named_parameters(), adamw(StatePrecision::fp32));
-  train(f, o_fp32, first);
+  run_steps(f, o_fp32, first);
   Optimizer o_int8(f.named_parameters(), adamw(StatePrecision::int8));
   o_int8.load_state_dict(o_fp32.state_dict());
   const auto q = o_int8.state_dict();
@@ -504,10 +500,10 @@ std::vector<std::string> names_of(torch::nn::Module& m) {
 // (it would convert silently), a non-finite value, a negative second moment or scale, a step that is
 // not a positive integer, codes of another type. Nothing of the state is left half-restored.
 TEST(OptimizerState, LoadStateRefusesDamagedValues) {
-  const auto xs = data(4);
+  const auto xs = inputs(4);
   Mlp trained(6);
   Optimizer o_trained(trained.named_parameters(), adamw(StatePrecision::int8));
-  train(trained, o_trained, xs);
+  run_steps(trained, o_trained, xs);
   TensorDict saved;
   for (const auto& [k, v] : o_trained.state_dict()) saved[k] = v.clone();
   ASSERT_TRUE(saved.count("a.bias.exp_avg") && saved.count("a.weight.exp_avg.codes"));  // dense (small) and 8-bit
@@ -556,10 +552,10 @@ TEST(OptimizerState, LoadStateRefusesDamagedValues) {
 }
 
 TEST(OptimizerState, LoadStateChecksEverythingFirstThenLoadsOneParameterAtATime) {
-  const auto xs = data(4);
+  const auto xs = inputs(4);
   Mlp trained(6);
   Optimizer o_trained(trained.named_parameters(), adamw(StatePrecision::int8));
-  train(trained, o_trained, xs);
+  run_steps(trained, o_trained, xs);
   TensorDict saved;
   for (const auto& [k, v] : o_trained.state_dict()) saved[k] = v.clone();
 

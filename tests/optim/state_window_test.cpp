@@ -41,7 +41,7 @@ std::vector<at::Tensor> batches(int n, int64_t d, at::ScalarType dtype) {
   return out;
 }
 
-void train(Net& net, Optimizer& opt, const std::vector<at::Tensor>& xs) {
+void run_steps(Net& net, Optimizer& opt, const std::vector<at::Tensor>& xs) {
   for (const auto& x : xs) {
     opt.backward(net.loss(x));
     opt.step();
@@ -77,9 +77,9 @@ TEST(StateWindow, FileStateGivesTheBitsOfStateInMemory) {
         Optimizer o_memory(memory.named_parameters(), options(p, StatePlacement::device, mode, 8 << 10));
         Optimizer o_file(file.named_parameters(), options(p, StatePlacement::file, mode, 8 << 10));
         at::manual_seed(3);
-        train(memory, o_memory, xs);
+        run_steps(memory, o_memory, xs);
         at::manual_seed(3);
-        train(file, o_file, xs);
+        run_steps(file, o_file, xs);
         EXPECT_TRUE(same_bits(memory, file));
       }
     }
@@ -113,7 +113,7 @@ TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
     Net net(2, d, at::kFloat);
     const int64_t before = resident_files();
     Optimizer opt(net.named_parameters(), options(StatePrecision::fp32, StatePlacement::mmap, Mode::standard, window));
-    train(net, opt, xs);
+    run_steps(net, opt, xs);
     EXPECT_GE(resident_files() - before, 15 << 20);
   }
   Net net(2, d, at::kFloat);
@@ -121,7 +121,7 @@ TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
   memory::TrackingGuard on(tracker);
   const int64_t before = resident_files();
   Optimizer opt(net.named_parameters(), options(StatePrecision::fp32, StatePlacement::file, Mode::in_backward, window));
-  train(net, opt, xs);
+  run_steps(net, opt, xs);
   EXPECT_EQ(resident_files() - before, 0);
   // The tracker sees the window while a chunk is mapped in (the peak of a step in standard mode,
   // where the gradients stay put), and nothing of the files after. int8 state: each moment's
@@ -169,8 +169,8 @@ TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
   saved.clear();
   EXPECT_EQ(resident_files() - before, 0);
   const auto more = batches(2, d, at::kFloat);
-  train(net, opt, more);
-  train(resumed, opt2, more);
+  run_steps(net, opt, more);
+  run_steps(resumed, opt2, more);
   EXPECT_TRUE(same_bits(net, resumed));
   std::remove(path.c_str());
 }

@@ -11,12 +11,14 @@
 #include "frugal/io/files.h"
 #include "frugal/train/run_state.h"
 #include "frugal/train/trainer.h"
+#include "../support/common.h"
+#include "build_info.h"  // FRUGAL_*: this build's facts (CMakeLists.txt)
 
 using namespace frugal;
 
 namespace {
 
-void quiet(const std::string&) {}
+using frugal::testing::quiet;
 
 std::string base_dir() {
   const std::string base = ::testing::TempDir() + "/frugal_examples_train";

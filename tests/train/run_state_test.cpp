@@ -18,15 +18,14 @@
 #include "frugal/models/decoder.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/train/run_state.h"
+#include "../support/common.h"
 
 using namespace frugal;
 using namespace frugal::optim;
 
 namespace {
 
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "/frugal_run_state_" + std::to_string(::getpid()) + "_" + name;
-}
+using frugal::testing::temp_path;
 
 // Two matrices (quantized state) and a bias (small: fp32 state) fitting y = flip(x).
 struct Regression {

@@ -18,15 +18,18 @@
 #include "frugal/optim/optimizer.h"
 #include "frugal/train/run_state.h"
 #include "frugal/train/trainer.h"
+#include "../support/common.h"
+#include "build_info.h"  // FRUGAL_*: this build's facts (CMakeLists.txt)
 
 using namespace frugal;
 
 namespace {
 
-models::GenerationOptions greedy(int64_t n) { return models::GenerationOptions().max_new_tokens(n).temperature(0); }
+using frugal::testing::greedy;
+using frugal::testing::quiet;
 
 // The tiny recipe with its files in a shared temporary folder (the tokenizer is made once).
-train::Recipe tiny(const std::string& run, std::vector<std::string> overrides = {}) {
+train::Recipe tiny_recipe(const std::string& run, std::vector<std::string> overrides = {}) {
   const std::string base = ::testing::TempDir() + "/frugal_train";
   ::mkdir(base.c_str(), 0755);
   overrides.insert(overrides.begin(),
@@ -34,8 +37,6 @@ train::Recipe tiny(const std::string& run, std::vector<std::string> overrides = 
                     "model.vocab_size=512", "train.sample_tokens=8", "train.log_interval=100"});
   return train::load_recipe(std::string(FRUGAL_SOURCE_DIR) + "/recipes/tiny.yaml", overrides);
 }
-
-void quiet(const std::string&) {}
 
 // How many of this process's open file descriptors refer to path.
 int open_descriptors_of(const std::string& path) {
@@ -55,7 +56,7 @@ int open_descriptors_of(const std::string& path) {
 }  // namespace
 
 TEST(Trainer, LossFallsAndGenerationRuns) {
-  const auto r = train::run_training(tiny("falls"), train::TrainOptions(), quiet);
+  const auto r = train::run_training(tiny_recipe("falls"), train::TrainOptions(), quiet);
   ASSERT_EQ(r.losses.size(), 40u);
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) {
@@ -75,7 +76,7 @@ TEST(Trainer, GradientAccumulationFollowsTheFullBatch) {
                                       "schedule.warmup_steps=2"};
   auto with = [&](const std::string& run, std::vector<std::string> extra) {
     extra.insert(extra.begin(), o.begin(), o.end());
-    return train::run_training(tiny(run, extra), train::TrainOptions().sample(false), quiet);
+    return train::run_training(tiny_recipe(run, extra), train::TrainOptions().sample(false), quiet);
   };
   const auto full = with("accum-full", {"train.batch_size=8"});
   const auto accum = with("accum-2x4", {"train.batch_size=4", "train.gradient_accumulation_steps=2"});
@@ -92,7 +93,7 @@ TEST(Trainer, GradientAccumulationFollowsTheFullBatch) {
 
 TEST(Trainer, GradientAccumulationInBackwardIsRefusedWithTheReason) {
   try {
-    tiny("accum-inbw", {"optimizer.in_backward=true", "train.gradient_accumulation_steps=4"});
+    tiny_recipe("accum-inbw", {"optimizer.in_backward=true", "train.gradient_accumulation_steps=4"});
     FAIL() << "accumulation with the optimizer in backward was accepted";
   } catch (const train::RecipeError& e) {
     const std::string m = e.what();
@@ -104,7 +105,7 @@ TEST(Trainer, GradientAccumulationInBackwardIsRefusedWithTheReason) {
 // A validation split too small for one window is refused once the data is known, before step 1
 // (it used to fail at the first evaluation, after the training steps).
 TEST(Trainer, RefusesAValidationSplitWithoutOneWindow) {
-  const auto recipe = tiny("tiny_split", {"data.val_fraction=0.000001"});
+  const auto recipe = tiny_recipe("tiny_split", {"data.val_fraction=0.000001"});
   try {
     train::run_training(recipe, train::TrainOptions().sample(false), quiet);
     FAIL() << "accepted a validation split shorter than one window";
@@ -119,8 +120,9 @@ TEST(Trainer, StoppedAndResumedRunFollowsTheSameTrajectory) {
     SCOPED_TRACE(std::string("in_backward=") + in_backward);
     const std::vector<std::string> o = {std::string("optimizer.in_backward=") + in_backward, "train.steps=16",
                                         "train.checkpoint_interval=4", "memory.checkpointing=full", "memory.chunked_loss=true"};
-    const auto straight = train::run_training(tiny(std::string("straight") + in_backward, o), train::TrainOptions().sample(false), quiet);
-    const auto recipe = tiny(std::string("resumed") + in_backward, o);
+    const auto straight =
+        train::run_training(tiny_recipe(std::string("straight") + in_backward, o), train::TrainOptions().sample(false), quiet);
+    const auto recipe = tiny_recipe(std::string("resumed") + in_backward, o);
     const auto part1 = train::run_training(recipe, train::TrainOptions().sample(false).stop_after(6), quiet);
     ASSERT_EQ(part1.losses.size(), 6u);
     // The latest checkpoint is step 6 (the stop), written atomically.
@@ -196,7 +198,7 @@ TEST(Trainer, EstimateMatchesTheMeasuredPeakByCategory) {
   for (const auto& o : configs) {
     std::string label;
     for (const auto& s : o) label += s + " ";
-    expect_estimate_matches(tiny("estimate", short_run(o)), label);
+    expect_estimate_matches(tiny_recipe("estimate", short_run(o)), label);
   }
 }
 
@@ -205,7 +207,7 @@ TEST(Trainer, EstimateMatchesTheMeasuredPeakByCategory) {
 TEST(Trainer, EstimateCountsTheStateThatStaysFp32AsTheOptimizerDoes) {
   for (const char* precision : {"int8", "int4", "bf16"}) {
     SCOPED_TRACE(precision);
-    const train::Recipe r = tiny("fallback", {std::string("optimizer.state_precision=") + precision});
+    const train::Recipe r = tiny_recipe("fallback", {std::string("optimizer.state_precision=") + precision});
     models::DecoderConfig c = r.model;
     c.vocab_size = 512;
     auto model = models::make_decoder(c);
@@ -247,7 +249,7 @@ TEST(Trainer, EstimateNamesTheRunsMomentForEveryLossChunk) {
                                       "optimizer.state_precision=int8"};
         std::string label;
         for (const auto& s : o) label += s.rfind("data.", 0) == 0 ? "" : s + " ";
-        expect_estimate_matches(tiny("estimate-chunks", short_run(o)), label);
+        expect_estimate_matches(tiny_recipe("estimate-chunks", short_run(o)), label);
       }
     }
   }
@@ -285,7 +287,7 @@ TEST(Trainer, AutocastEstimateMatchesTheMeasuredPeakByCategory) {
         checkpointed &&
         (gpt2 || (TORCH_VERSION_MAJOR >= 2 && (label.find("every_2") != std::string::npos || label.find("sdpa") != std::string::npos)));
     o.push_back("model.compute_dtype=bf16");
-    expect_estimate_matches(tiny("estimate-autocast", short_run(o)), label, /*by_category=*/!known_gap);
+    expect_estimate_matches(tiny_recipe("estimate-autocast", short_run(o)), label, /*by_category=*/!known_gap);
   }
 }
 
@@ -307,7 +309,7 @@ TEST(Trainer, SdpaEstimateMatchesTheMeasuredPeakByCategory) {
   for (const auto& o : configs) {
     std::string label;
     for (const auto& s : o) label += s + " ";
-    expect_estimate_matches(tiny("estimate-sdpa", short_run(o)), label);
+    expect_estimate_matches(tiny_recipe("estimate-sdpa", short_run(o)), label);
   }
 }
 
@@ -335,7 +337,8 @@ TEST(Trainer, EstimateMatchesTheDefaultRecipeByCategory) {
 }
 
 TEST(Trainer, CheckpointsHoldAWorkingModelAndTokenizer) {
-  const auto recipe = tiny("ckpt", {"train.steps=4", "schedule.warmup_steps=1", "train.checkpoint_interval=2", "train.keep_checkpoints=1"});
+  const auto recipe =
+      tiny_recipe("ckpt", {"train.steps=4", "schedule.warmup_steps=1", "train.checkpoint_interval=2", "train.keep_checkpoints=1"});
   train::run_training(recipe, train::TrainOptions().sample(false), quiet);
   const std::string dir = train::latest_checkpoint(recipe.out_dir);
   ASSERT_EQ(dir, recipe.out_dir + "/step-00000004");
@@ -375,12 +378,12 @@ TEST(Trainer, CheckpointsHoldAWorkingModelAndTokenizer) {
       greedy(5));
   EXPECT_EQ(full.stop, models::GenerationStop::context_full);
   EXPECT_TRUE(full.tokens.empty());
-  EXPECT_THROW(train::run_training(tiny("bad", {"model.vocab_size=999"}), train::TrainOptions(), quiet), train::RecipeError);
+  EXPECT_THROW(train::run_training(tiny_recipe("bad", {"model.vocab_size=999"}), train::TrainOptions(), quiet), train::RecipeError);
 }
 
 TEST(Trainer, ReportsEveryStepThroughTheCallbackAndPrintsNothing) {
-  const auto recipe = tiny("progress", {"train.steps=6", "train.log_interval=4", "schedule.warmup_steps=1", "train.checkpoint_interval=0",
-                                        "train.eval_interval=0"});
+  const auto recipe = tiny_recipe("progress", {"train.steps=6", "train.log_interval=4", "schedule.warmup_steps=1",
+                                               "train.checkpoint_interval=0", "train.eval_interval=0"});
   std::vector<train::StepProgress> seen;
   ::testing::internal::CaptureStderr();
   ::testing::internal::CaptureStdout();
@@ -401,7 +404,7 @@ TEST(Trainer, ReportsEveryStepThroughTheCallbackAndPrintsNothing) {
 }
 
 TEST(Trainer, MetricsFileIsClosedWhenTheRunStopsOnAMemoryLimit) {
-  const auto recipe = tiny("limit", {"train.steps=4", "schedule.warmup_steps=1"});
+  const auto recipe = tiny_recipe("limit", {"train.steps=4", "schedule.warmup_steps=1"});
   EXPECT_THROW(train::run_training(recipe, train::TrainOptions().sample(false).memory_limit(1 << 20), quiet), train::MemoryLimitExceeded);
   const std::string metrics = recipe.out_dir + "/metrics.jsonl";
   struct stat st {};
@@ -490,8 +493,8 @@ TEST(Trainer, InitFromTrainsTheModelItsConfigDefines) {
   torch::manual_seed(3);
   auto source = models::make_decoder(c);
   models::save_hf_checkpoint(*source, dir);
-  const auto recipe = tiny("init-from", {"model.init_from=" + dir, "train.steps=2", "schedule.warmup_steps=1", "train.eval_interval=0",
-                                         "train.checkpoint_interval=0"});
+  const auto recipe = tiny_recipe("init-from", {"model.init_from=" + dir, "train.steps=2", "schedule.warmup_steps=1",
+                                                "train.eval_interval=0", "train.checkpoint_interval=0"});
   EXPECT_EQ(recipe.model.head_dim(), 8);
   EXPECT_TRUE(recipe.model.attention_bias);
   EXPECT_EQ(recipe.model.rope_scaling.type, "llama3");
@@ -500,7 +503,7 @@ TEST(Trainer, InitFromTrainsTheModelItsConfigDefines) {
   EXPECT_EQ(r.estimate.n_params, c.param_count());
   ASSERT_EQ(r.losses.size(), 2u);
   EXPECT_GT(r.losses[0], 0);
-  EXPECT_THROW(tiny("init-from", {"model.init_from=" + dir, "model.dim=32"}), train::RecipeError);
+  EXPECT_THROW(tiny_recipe("init-from", {"model.init_from=" + dir, "model.dim=32"}), train::RecipeError);
 }
 
 // The LibTorch habit: build the model, watch it, train with frugal's optimizer and no scopes of
@@ -517,7 +520,7 @@ TEST(Trainer, PlainLoopWithoutScopesGivesTheTrainersBreakdown) {
     std::string label;
     for (const auto& k : o) label += k + " ";
     SCOPED_TRACE(label);
-    const train::Recipe recipe = tiny("plain", short_run(o));
+    const train::Recipe recipe = tiny_recipe("plain", short_run(o));
     const auto r = train::run_training(recipe, train::TrainOptions().sample(false), quiet);
     const memory::MemoryReport trainer = memory::MemoryReport::from(memory::peak_over_steps(r.tracker->step_summaries(), 1));
 
