@@ -21,7 +21,11 @@ using namespace frugal::data;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(FRUGAL_SOURCE_DIR) + "/tests/data/fixtures/" + name; }
+std::string fixture(const std::string& name) {
+  std::string path =
+      FRUGAL_SOURCE_DIR "/tests/data/fixtures/";  // one literal: GCC 12 misreads a temporary's append (-Warray-bounds, C++20)
+  return path + name;
+}
 
 const frugal::io::JsonValue& expected() {
   static const frugal::io::JsonValue v =
