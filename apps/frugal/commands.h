@@ -16,6 +16,9 @@ struct Recipe;
 }
 namespace cli {
 
+// The whole command line: `frugal COMMAND ...` (argv[0] = "frugal"); main() is this call.
+int run(int argc, char** argv);
+
 int run_account(int argc, char** argv);  // argv[0] = "frugal", argv[1] = "account"
 int run_bench(int argc, char** argv);    // argv[1] = "bench", argv[2] = NAME
 int run_train(int argc, char** argv);

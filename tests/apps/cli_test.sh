@@ -2,9 +2,11 @@
 # The CLI's contract: help texts, exit code 2 with one clear line for user mistakes, and a small
 # `frugal account` run whose JSON has exactly the documented keys.
 set -u
-frugal="$1"
 tmp=$(mktemp -d)
-trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh).
+source "$(dirname "$0")/../support/frugal_server.sh"
+start_frugal_server "$1" "$tmp" || exit 1
 # frugal's own temporary folders too: a tokenizer training removes the folders of dead runs in
 # $TMPDIR, which must not be another test's (this one run twice at once, in CI and beside it).
 export TMPDIR="$tmp/tmpdir"
@@ -58,16 +60,17 @@ expect 0 "frugal [0-9]*\.[0-9]*\.[0-9]* (" -- --version
 
 # CUDA is loaded only where it can run (memory/cuda_runtime.h): FRUGAL_CUDA is checked, and on a
 # machine without an NVIDIA driver a CUDA build's CLI runs without LibTorch's CUDA half (ld.so's
-# LD_DEBUG=files lists what each process loads), loading it only when FRUGAL_CUDA=on asks.
+# LD_DEBUG=files lists what each process loads: the program itself, not the test server's stand-in),
+# loading it only when FRUGAL_CUDA=on asks.
 FRUGAL_CUDA=maybe expect 2 "FRUGAL_CUDA=maybe: expected auto, on or off" -- train --help
 FRUGAL_CUDA=off expect 2 "device cuda:0 is not available" -- account --device cuda:0
-if [ -e "$(dirname "$frugal")/libfrugal_cuda.so" ]; then
+if [ -e "$(dirname "$frugal_exe")/libfrugal_cuda.so" ]; then
   if ! /sbin/ldconfig -p | grep -q "libcuda\.so\.1"; then
     loaded() { LD_DEBUG=files "$@" 2>&1 >/dev/null | grep -c "file=.*$LIB.*\[0\];  needed by\|file=.*$LIB.*\[0\];  dynamically loaded by"; }
     for lib in libtorch_cuda.so libfrugal_cuda.so; do
-      n=$(LIB=$lib loaded "$frugal" train --help)
+      n=$(LIB=$lib loaded "$frugal_exe" train --help)
       if [ "$n" = 0 ]; then pass=$((pass + 1)); else echo "FAIL: without an NVIDIA driver, frugal loaded $lib"; failed=$((failed + 1)); fi
-      n=$(FRUGAL_CUDA=on LIB=$lib loaded "$frugal" train --help)
+      n=$(FRUGAL_CUDA=on LIB=$lib loaded "$frugal_exe" train --help)
       if [ "$n" != 0 ]; then pass=$((pass + 1)); else echo "FAIL: FRUGAL_CUDA=on did not load $lib"; failed=$((failed + 1)); fi
     done
     FRUGAL_CUDA=on expect 2 "device cuda:0 is not available" -- account --device cuda:0
@@ -227,7 +230,7 @@ fi
 common=(data.tokenizer="$tmp/tok.model" data.tokens="$tmp/f.tokens" model.vocab_size=512 train.steps=100
         train.checkpoint_interval=5 train.eval_interval=0 train.sample_tokens=0 --progress lines)
 "$frugal" train tiny "${common[@]}" train.out_dir="$tmp/straight" >"$tmp/straight.log" 2>&1 || { echo "FAIL: uninterrupted run"; cat "$tmp/straight.log"; failed=$((failed + 1)); }
-"$frugal" train tiny "${common[@]}" train.out_dir="$tmp/killed" >"$tmp/killed.log" 2>&1 &
+"$frugal_exe" train tiny "${common[@]}" train.out_dir="$tmp/killed" >"$tmp/killed.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do
   if [ -f "$tmp/killed/latest" ] && [ "$(sed 's/step-0*//' "$tmp/killed/latest")" -ge 20 ] 2>/dev/null; then break; fi
@@ -396,7 +399,7 @@ expect 2 "the chatml chat template writes the token '<|im_start|>'" -- tokenizer
 
 # A tokenizer with no BOS piece (trained by the helper directly, with SentencePiece's bos_id=-1):
 # training samples with it, and generate decodes the prompt and its continuation.
-"$(dirname "$frugal")/frugal-spm-train" "--input=$tmp/corpus/f --model_prefix=$tmp/nobos --vocab_size=300 --model_type=bpe --byte_fallback=true --bos_id=-1 --eos_id=1 --unk_id=0 --pad_id=-1 --hard_vocab_limit=false --minloglevel=2" >"$tmp/nobos.log" 2>&1 ||
+"$(dirname "$frugal_exe")/frugal-spm-train" "--input=$tmp/corpus/f --model_prefix=$tmp/nobos --vocab_size=300 --model_type=bpe --byte_fallback=true --bos_id=-1 --eos_id=1 --unk_id=0 --pad_id=-1 --hard_vocab_limit=false --minloglevel=2" >"$tmp/nobos.log" 2>&1 ||
   { echo "FAIL: training a tokenizer without BOS"; cat "$tmp/nobos.log"; failed=$((failed + 1)); }
 nobos_run=(data.tokenizer="$tmp/nobos.model" data.tokens="$tmp/nobos.tokens" data.corpus="$tmp/corpus/f" train.steps=3
            schedule.warmup_steps=1 train.eval_interval=0 train.checkpoint_interval=0 train.batch_size=2 train.seq_len=16
@@ -527,7 +530,7 @@ if [ "$got" = 2 ] && ls -d /tmp/frugal-bench-state-* 2>/dev/null | sort | cmp -s
 # A kill during tokenizer training: the helper dies with frugal; the next run removes the corpus copy.
 mkdir -p "$tmp/bigcorpus"
 python3 -c 'import random; r = random.Random(1); w = [("".join(r.choice("abcdefghij") for _ in range(r.randint(2, 9)))) for _ in range(5000)]; open("'"$tmp"'/bigcorpus/c", "w").write("\n".join(" ".join(r.choice(w) for _ in range(12)) for _ in range(60000)))'
-"$frugal" tokenizer train "$tmp/bigcorpus" --out "$tmp/tbig" --vocab-size 4000 >/dev/null 2>&1 &
+"$frugal_exe" tokenizer train "$tmp/bigcorpus" --out "$tmp/tbig" --vocab-size 4000 >/dev/null 2>&1 &
 pid=$!
 helper=
 for _ in $(seq 1 400); do helper=$(pgrep -P "$pid" 2>/dev/null | head -n 1); [ -n "$helper" ] && break; sleep 0.05; done

@@ -6,10 +6,12 @@
 # data and a chat template the tokenizer cannot write are refused.
 #   bash tests/apps/examples_test.sh build/frugal
 set -u
-frugal="$1"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
-trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh).
+source "$(dirname "$0")/../support/frugal_server.sh"
+start_frugal_server "$1" "$tmp" || exit 1
 failed=0
 pass=0
 ok() { pass=$((pass + 1)); }

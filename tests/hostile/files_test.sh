@@ -8,10 +8,12 @@
 # train` leave nothing in the temporary folder.
 #   bash tests/hostile/files_test.sh build/frugal
 set -u
-frugal=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
-trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh).
+source "$repo/tests/support/frugal_server.sh"
+start_frugal_server "$1" "$tmp" || exit 1
 failed=0
 pass=0
 ok() { pass=$((pass + 1)); }
@@ -178,7 +180,7 @@ left_nothing "a failed bench data-parallel" "$tmp/before"
 # tokenizer train ended by SIGTERM while it trains: its temporary folder goes with it.
 python3 -c 'import random; r = random.Random(1); w = ["".join(r.choice("abcdefghij") for _ in range(r.randint(2, 9))) for _ in range(5000)]; open("'"$tmp"'/big.txt", "w").write("\n".join(" ".join(r.choice(w) for _ in range(12)) for _ in range(60000)))'
 for sig in TERM HUP; do  # (a background job of a script ignores SIGINT, so its handler is never installed)
-  TMPDIR="$priv" "$frugal" tokenizer train "$tmp/big.txt" --out "$tmp/tbig" --vocab-size 4000 >/dev/null 2>&1 &
+  TMPDIR="$priv" "$frugal_exe" tokenizer train "$tmp/big.txt" --out "$tmp/tbig" --vocab-size 4000 >/dev/null 2>&1 &
   pid=$!
   for _ in $(seq 1 200); do compgen -G "$priv/frugal-tokenizer-$pid-*/corpus.txt" >/dev/null && break; sleep 0.05; done
   if compgen -G "$priv/frugal-tokenizer-$pid-*/corpus.txt" >/dev/null; then ok; else fail "tokenizer train made no folder in TMPDIR"; fi

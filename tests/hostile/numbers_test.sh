@@ -19,9 +19,13 @@
 # --dist-timeout 3: done within 10 s with one line).
 #   tests/hostile/numbers_test.sh build/frugal
 set -u
-frugal=$(readlink -f "$1")
 src=$(cd "$(dirname "$0")/../.." && pwd)
-exec python3 - "$frugal" "$src" <<'PY'
+server_dir=$(mktemp -d)
+trap 'stop_frugal_server; rm -rf "$server_dir"' EXIT
+# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh).
+source "$src/tests/support/frugal_server.sh"
+start_frugal_server "$(readlink -f "$1")" "$server_dir" || exit 1
+python3 - "$frugal" "$src" <<'PY'
 import atexit, os, re, shutil, socket, subprocess, sys, tempfile, threading, time
 from concurrent.futures import ThreadPoolExecutor
 
