@@ -3,9 +3,13 @@
 # equal losses in each mode, sharded optimizer state, checkpoints across world sizes, the torchrun
 # environment contract started by hand, a rank killed with -9, and the rendezvous errors.
 set -u
-frugal="$1"
 tmp=$(mktemp -d)
-trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"; jobs -p | xargs -r kill -9 2>/dev/null' EXIT
+trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"; jobs -p | xargs -r kill -9 2>/dev/null' EXIT
+# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh);
+# a launcher's ranks are programs of their own (it re-executes itself), and so are the ranks started
+# by hand here: their OMP_NUM_THREADS=1 must be read as LibTorch loads.
+source "$(dirname "$0")/../support/frugal_server.sh"
+start_frugal_server "$1" "$tmp" || exit 1
 failed=0
 pass=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
@@ -122,12 +126,14 @@ done
 
 # 4. The environment contract, ranks started by hand (as torchrun would): the --nproc run's losses.
 newdir "$tmp/hand"
+hand=()
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 for rank in 1 0; do
   RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
-    "$frugal" train tiny $common train.out_dir="$tmp/hand" --progress lines --json-out "$tmp/hand$rank.json" >"$tmp/hand$rank.log" 2>&1 &
+    "$frugal_exe" train tiny $common train.out_dir="$tmp/hand" --progress lines --json-out "$tmp/hand$rank.json" >"$tmp/hand$rank.log" 2>&1 &
+  hand+=($!)
 done
-wait
+wait "${hand[@]}"  # (not a bare wait: the test server is a job too)
 if [ -f "$tmp/hand0.json" ] && [ ! -f "$tmp/hand1.json" ] && same_losses "$tmp/two1.json" "$tmp/hand0.json" 1e-6; then ok; else fail "ranks started by hand"; cat "$tmp/hand0.log" "$tmp/hand1.log"; fi
 
 # 5. A rank killed with -9: the launcher stops the other one promptly, names the rank, and the
@@ -158,10 +164,10 @@ fi
 #    naming rank 1 once rank 1 is killed.
 newdir "$tmp/kill0"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 "$frugal" train tiny train.steps=100000 train.eval_interval=0 \
+env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 "$frugal_exe" train tiny train.steps=100000 train.eval_interval=0 \
   train.checkpoint_interval=0 train.out_dir="$tmp/kill0" --progress lines --dist-timeout 20 >"$tmp/k0.log" 2>"$tmp/k0.err" &
 r0=$!
-env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 "$frugal" train tiny train.steps=100000 train.eval_interval=0 \
+env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 "$frugal_exe" train tiny train.steps=100000 train.eval_interval=0 \
   train.checkpoint_interval=0 train.out_dir="$tmp/kill0" --progress lines --dist-timeout 20 >"$tmp/k1.log" 2>&1 &
 r1=$!
 for _ in $(seq 600); do grep -q "step 3/" "$tmp/k0.err" 2>/dev/null && break; sleep 0.1; done

@@ -10,6 +10,9 @@
 # $frugal_exe is FRUGAL itself (absolute): for what needs the program's folder (its helpers) or the
 # command's own pid (a kill -9, a folder named by pid), a client and its worker being two processes.
 #
+# The server is one of the script's background jobs: wait for a command of yours by its pid, never
+# with a bare `wait` (it would wait for the server).
+#
 # FRUGAL_TEST_NO_SERVER=1 (or a build without the two programs) runs FRUGAL itself each time.
 start_frugal_server() {
   local real=$1 dir=$2 bin
