@@ -164,21 +164,38 @@ struct Optimizer::Impl {
   double update_seconds = 0;
   double state_transfer_seconds = 0;
 
-  // File placement: params[i] was just updated; the first chunk of the state of the parameter that
-  // followed it last time (in in-backward mode, the order gradients complete) is read ahead while
-  // the next gradients are computed. The last of a step is followed by the first of the next.
+  // File placement: params[i] was just updated. The state of the parameters that followed it last
+  // time (in in-backward mode, the order gradients complete; the last of a step is followed by the
+  // first of the next) is read ahead, whole, in that order, until kReadAheadWindows windows' worth
+  // is on its way or in the page cache (not the process's memory: the window bounds what is mapped
+  // in), so the disk works through forward and backward rather than only between two updates.
+  static constexpr int64_t kReadAheadWindows = 8;
   std::vector<int64_t> updated_after;  // -1: not seen yet
-  int64_t last_updated = -1;
+  std::vector<char> read_ahead;        // its state asked for and not yet updated
+  int64_t last_updated = -1, ahead_end = -1, ahead_bytes = 0;
+  static int64_t state_file_bytes(const ParamState& s) { return s.m && s.v ? s.m->file_bytes() + s.v->file_bytes() : 0; }
   void read_ahead_after(size_t i) {
-    if (updated_after.size() != params.size()) updated_after.assign(params.size(), -1);
+    if (updated_after.size() != params.size()) updated_after.assign(params.size(), -1), read_ahead.assign(params.size(), 0);
     if (last_updated >= 0) updated_after[static_cast<size_t>(last_updated)] = static_cast<int64_t>(i);
     last_updated = static_cast<int64_t>(i);
-    const int64_t next = updated_after[i];
-    if (next < 0) return;
-    const ParamState& s = params[static_cast<size_t>(next)].state;
-    if (s.m && s.v) {
-      s.m->prefetch(0, s.m->chunk());
-      s.v->prefetch(0, s.v->chunk());
+    if (read_ahead[i]) {
+      read_ahead[i] = 0;
+      ahead_bytes -= state_file_bytes(params[i].state);
+    } else {  // not read ahead (the first step, or the order changed): the frontier starts here
+      for (auto& r : read_ahead) r = 0;
+      ahead_end = static_cast<int64_t>(i), ahead_bytes = 0;
+    }
+    const int64_t limit = kReadAheadWindows * options.state().window_bytes();
+    for (int64_t next = updated_after[static_cast<size_t>(ahead_end)]; next >= 0 && ahead_bytes < limit;
+         next = updated_after[static_cast<size_t>(next)]) {
+      const auto n = static_cast<size_t>(next);
+      const ParamState& s = params[n].state;
+      if (read_ahead[n] || next == static_cast<int64_t>(i) || !(s.m && s.v && s.m->windowed())) break;
+      s.m->prefetch(0, s.m->numel());
+      s.v->prefetch(0, s.v->numel());
+      read_ahead[n] = 1;
+      ahead_bytes += state_file_bytes(s);
+      ahead_end = next;
     }
   }
 

@@ -13,11 +13,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 namespace frugal {
 namespace optim {
@@ -160,6 +163,68 @@ StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOpt
   }
 }
 
+namespace {
+
+// File placement's reading ahead and starting of write-backs, on a thread of their own: the system
+// calls that submit the I/O (readahead, sync_file_range) can wait for the disk's queue, and the
+// thread that asked is computing backward. Jobs run in the order posted; a buffer's file is closed
+// only once no job of its is queued or running (forget).
+class StateIo {
+ public:
+  static StateIo& get() {
+    static StateIo* io = new StateIo();  // never destroyed: its thread may outlive static destructors
+    return *io;
+  }
+  void read(int fd, size_t first, size_t bytes) { post({fd, first, bytes, false}); }
+  void write_back(int fd, size_t first, size_t bytes) { post({fd, first, bytes, true}); }
+  // Drops fd's queued jobs and waits for its running one.
+  void forget(int fd) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    jobs_.erase(std::remove_if(jobs_.begin(), jobs_.end(), [fd](const Job& j) { return j.fd == fd; }), jobs_.end());
+    idle_.wait(lock, [&] { return running_fd_ != fd; });
+  }
+
+ private:
+  struct Job {
+    int fd;
+    size_t first, bytes;
+    bool write;
+  };
+  void post(const Job& job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+      jobs_.push_back(job);
+    }
+    wake_.notify_one();
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return !jobs_.empty(); });
+      const Job job = jobs_.front();
+      jobs_.pop_front();
+      running_fd_ = job.fd;
+      lock.unlock();
+      if (job.write) {
+        ::sync_file_range(job.fd, static_cast<off_t>(job.first), static_cast<off_t>(job.bytes), SYNC_FILE_RANGE_WRITE);
+      } else {
+        ::readahead(job.fd, static_cast<off_t>(job.first), job.bytes);
+      }
+      lock.lock();
+      running_fd_ = -1;
+      idle_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<Job> jobs_;
+  int running_fd_ = -1;
+  std::thread thread_;
+};
+
+}  // namespace
+
 StateBuffer::~StateBuffer() {
   dense_ = at::Tensor();
   quantized_.reset();
@@ -168,6 +233,7 @@ StateBuffer::~StateBuffer() {
     if (m.fd >= 0) {
       std::lock_guard<std::mutex> lock(registry_mutex);
       registry().erase(static_cast<const char*>(m.p));
+      StateIo::get().forget(m.fd);
       ::close(m.fd);
     } else {
       c10::reportMemoryUsageToProfiler(m.p, -static_cast<int64_t>(m.bytes), 0, 0, c10::Device(c10::kCPU));
@@ -243,7 +309,7 @@ void StateBuffer::release(int64_t begin, int64_t end) {
   // Unmapping a shared file mapping keeps what was written (the pages stay in the page cache,
   // dirty); the writing back to the file starts now rather than when the kernel gets to it.
   ::madvise(base + first, last - first, MADV_DONTNEED);
-  ::sync_file_range(m.fd, static_cast<off_t>(first), static_cast<off_t>(last - first), SYNC_FILE_RANGE_WRITE);
+  StateIo::get().write_back(m.fd, first, last - first);
   c10::reportMemoryUsageToProfiler(base + first, -static_cast<int64_t>(last - first), 0, 0, c10::Device(c10::kCPU));
   transfer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -252,8 +318,10 @@ void StateBuffer::prefetch(int64_t begin, int64_t end) const {
   end = std::min(end, numel_);
   if (!windowed() || begin >= end) return;
   const auto [first, last] = file_range(begin, end);
-  ::madvise(static_cast<char*>(maps_.front().p) + first, last - first, MADV_WILLNEED);
+  StateIo::get().read(maps_.front().fd, first, last - first);
 }
+
+int64_t StateBuffer::file_bytes() const { return windowed() ? static_cast<int64_t>(maps_.front().bytes) : 0; }
 
 void StateBuffer::release_all() {
   if (!windowed()) return;

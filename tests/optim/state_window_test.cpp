@@ -1,12 +1,19 @@
 // Optimizer state in files streamed through a bounded window (state_placement file): the same
 // bits as state in memory in both modes, every precision, fp32 and bf16 parameters; only the
 // window resident during and after a step, a checkpoint's writing and a restore; an exact resume
-// from saved state; a folder too small for the files refused before anything is made.
+// from saved state; a folder too small for the files refused before anything is made; reading
+// ahead off the caller's thread.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "frugal/io/safetensors.h"
@@ -202,4 +209,40 @@ TEST(StateWindow, WindowBytesAndChunksFollowTheWindow) {
   StateBuffer b(at::zeros({1 << 22}), true, StateOptions(o).precision(StatePrecision::fp32).mmap_dir(::testing::TempDir()));
   EXPECT_EQ(b.chunk(), 128 << 10);
   EXPECT_TRUE(b.windowed());
+}
+
+// Reading ahead: prefetch returns at once and a thread of the state's own brings the range into
+// the page cache (mincore on the mapping), after the file's pages were written back and dropped
+// from it, as a 7B step's are by the time the next step reaches them.
+TEST(StateWindow, PrefetchReadsTheFileIntoThePageCacheOnItsOwnThread) {
+  const at::Tensor param = at::zeros({2048, 4096});
+  StateBuffer state(
+      param, /*is_signed=*/true,
+      StateOptions().precision(StatePrecision::int8).placement(StatePlacement::file).mmap_dir(::testing::TempDir()).window_bytes(1 << 20));
+  const int64_t n = param.numel();
+  state.acquire(0, n);
+  state.store(0, n, at::randn({n}));
+  state.release_all();
+  // Written back and dropped from the page cache: the state file is the one open, unlinked file.
+  std::vector<int> fds;
+  for (int fd = 3; fd < 1024; ++fd) {
+    char link[512];
+    const ssize_t len = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof(link) - 1);
+    if (len > 0 && std::string(link, static_cast<size_t>(len)).find("frugal-state-") != std::string::npos) fds.push_back(fd);
+  }
+  ASSERT_EQ(fds.size(), 1u) << "the state's file among the open files";
+  ASSERT_EQ(::fdatasync(fds[0]), 0);
+  ASSERT_EQ(::posix_fadvise(fds[0], 0, 0, POSIX_FADV_DONTNEED), 0);
+  auto* codes = static_cast<unsigned char*>(state.quantized()->codes().data_ptr());
+  const size_t bytes = static_cast<size_t>(state.file_bytes()), pages = bytes / 4096;
+  auto cached = [&] {
+    std::vector<unsigned char> in(pages + 1);
+    if (::mincore(codes, bytes, in.data()) != 0) return size_t{0};
+    return static_cast<size_t>(
+        std::count_if(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(pages), [](unsigned char c) { return c & 1; }));
+  };
+  if (cached() > pages / 10) GTEST_SKIP() << "this file system keeps the written pages cached";
+  state.prefetch(0, n);
+  for (int i = 0; i < 1000 && cached() < pages; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(cached(), pages) << "pages of the state file in the page cache after prefetch";
 }

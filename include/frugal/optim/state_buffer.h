@@ -110,10 +110,13 @@ class StateBuffer {
   // Before the update of [begin, end): maps its pages in (read from the page cache or the disk;
   // timed into transfer_seconds). The tracker sees a chunk as memory while it is mapped in.
   void acquire(int64_t begin, int64_t end);
-  // After the update of [begin, end): unmaps its pages and starts their writing back (timed).
+  // After the update of [begin, end): unmaps its pages (timed) and has their writing back started.
   void release(int64_t begin, int64_t end);
-  // Asks the kernel to read [begin, end) ahead, without waiting for it.
+  // Has [begin, end) read into the page cache ahead of its update, by a thread of its own (which also
+  // starts release's writing back): the caller does not wait for it.
   void prefetch(int64_t begin, int64_t end) const;
+  // The bytes of its file (file placement; 0 otherwise): what reading all of it ahead moves.
+  int64_t file_bytes() const;
   // Unmaps every page: after a checkpoint has read them all, or a restore written them.
   void release_all();
   // Values [begin, end) as fp32 on `device`. For fp32 state on that device this is a view: writes
