@@ -86,8 +86,11 @@ struct SpmModel {
 };
 
 SpmModel parse_model(const std::string& bytes, const std::string& name) {
-  Reader r{reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size(),
-           &name};
+  // A reader over a message's bytes (the model, or one of its fields), naming the file in errors.
+  auto reader = [&name](const std::string& b) {
+    return Reader{reinterpret_cast<const unsigned char*>(b.data()), reinterpret_cast<const unsigned char*>(b.data()) + b.size(), &name};
+  };
+  Reader r = reader(bytes);
   SpmModel m;
   uint32_t field;
   uint64_t number;
@@ -95,8 +98,7 @@ SpmModel parse_model(const std::string& bytes, const std::string& name) {
   while (r.next(field, number, value)) {
     if (field == 1) {
       SpmPiece p;
-      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(),
-                 &name};
+      Reader sub = reader(value);
       uint32_t f;
       uint64_t n = 0;
       std::string b;
@@ -111,8 +113,7 @@ SpmModel parse_model(const std::string& bytes, const std::string& name) {
       }
       m.pieces.push_back(std::move(p));
     } else if (field == 2 || field == 3) {
-      Reader sub{reinterpret_cast<const unsigned char*>(value.data()), reinterpret_cast<const unsigned char*>(value.data()) + value.size(),
-                 &name};
+      Reader sub = reader(value);
       uint32_t f;
       uint64_t n = 0;
       std::string b;

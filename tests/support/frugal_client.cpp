@@ -21,6 +21,8 @@ extern char** environ;
 
 namespace {
 
+using frugal::testing::read_all;
+
 volatile sig_atomic_t worker_pid = 0;
 volatile sig_atomic_t pending_signal = 0;
 
@@ -35,17 +37,6 @@ void forward(int sig) {
 [[noreturn]] void fail(const std::string& what) {
   std::fprintf(stderr, "frugal_test_client: %s: %s\n", what.c_str(), std::strerror(errno));
   std::_Exit(125);
-}
-
-bool read_all(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t got = ::read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got, n -= static_cast<size_t>(got);
-  }
-  return true;
 }
 
 }  // namespace

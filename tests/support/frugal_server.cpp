@@ -35,20 +35,11 @@
 
 namespace {
 
+using frugal::testing::read_all;
+
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "frugal_test_server: %s: %s\n", what.c_str(), std::strerror(errno));
   std::_Exit(125);
-}
-
-bool read_all(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t got = ::read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got, n -= static_cast<size_t>(got);
-  }
-  return true;
 }
 
 bool write_all(int fd, const void* buf, size_t n) {

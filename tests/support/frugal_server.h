@@ -9,12 +9,28 @@
 // away (killed) gets its worker SIGKILLed.
 #pragma once
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 
 namespace frugal {
 namespace testing {
 
 constexpr uint32_t kServerMaxPayload = 16u << 20;  // arguments and environment, at most
+
+// Reads exactly n bytes from fd (through interruptions); false at the end of the stream or an error.
+inline bool read_all(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::read(fd, p, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got, n -= static_cast<size_t>(got);
+  }
+  return true;
+}
 
 }  // namespace testing
 }  // namespace frugal

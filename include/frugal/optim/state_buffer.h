@@ -4,7 +4,8 @@
 // block (quantize.h). Place: on the parameter's device, in host memory (streamed to the device a
 // chunk at a time during the step), in a memory-mapped file that the operating system pages
 // (mmap), or in a file streamed through a bounded window (file): each chunk's pages are mapped in
-// before its update, written back and unmapped after it, and the next chunk is read ahead, so at
+// before its update, written back and unmapped after it, and the next chunk is read ahead (by a
+// thread of its own), so at
 // most window_bytes of state are resident at once. The step reads and writes a chunk of blocks at
 // a time, so no full fp32 copy of the state exists.
 // Tensors with fewer than min_quantized_numel elements keep fp32 state.
