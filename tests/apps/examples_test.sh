@@ -9,6 +9,9 @@ set -u
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+# frugal's own temporary folders too (bench packing's): not in the /tmp that hostile_files watches.
+export TMPDIR="$tmp/tmpdir"
+mkdir -p "$TMPDIR"
 # Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh).
 source "$(dirname "$0")/../support/frugal_server.sh"
 start_frugal_server "$1" "$tmp" || exit 1

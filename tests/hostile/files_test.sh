@@ -155,9 +155,12 @@ done <<<"$table"
 priv="$tmp/tmpdir"
 mkdir -p "$priv"
 snapshot() { ls -d /tmp/frugal-bench-* /tmp/frugal-tokenizer-* 2>/dev/null | sort; }
+# A folder in /tmp is left over once the process named in it (PREFIX-PID-XXXXXX) has ended: one of a
+# live process is another test's, running beside this one.
+ended() { local f pid; while read -r f; do pid=${f%-*}; pid=${pid##*-}; [ -e "/proc/$pid" ] || echo "$f"; done; }
 left_nothing() {  # left_nothing WHAT BEFORE-FILE
   local now
-  now=$(snapshot | comm -13 "$2" -)
+  now=$(snapshot | comm -13 "$2" - | ended)
   if [ -z "$(ls -A "$priv")" ] && [ -z "$now" ]; then ok; else fail "$1 left $(ls -A "$priv" | tr '\n' ' ')$now"; fi
   rm -rf "${priv:?}"/*
 }

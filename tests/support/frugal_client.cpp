@@ -2,8 +2,11 @@
 // It links no LibTorch, so it starts in a millisecond: it hands its arguments, working folder,
 // environment and standard streams to the frugal_test_server listening on ARGV0.sock (argv[0] as
 // invoked, plus ".sock": the script's link to this program names its server), forwards the signals
-// it receives to the worker, and ends as the worker ended (its exit code, or killed by its signal).
+// it receives to the worker (its umask and resource limits go along; its nice value and CPU
+// affinity do not), and ends as the worker ended (its exit code, or killed by its signal).
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -59,7 +62,16 @@ int main(int argc, char** argv) {
 
   char cwd[4096];
   if (!::getcwd(cwd, sizeof cwd)) fail("getcwd");
-  std::string payload = std::string(cwd) + '\0' + std::to_string(argc) + '\0';
+  std::string payload = std::string(cwd) + '\0';
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  payload += std::to_string(mask) + '\0';
+  for (int resource = 0; resource < RLIM_NLIMITS; ++resource) {
+    rlimit limit{};
+    if (::getrlimit(resource, &limit) != 0) fail("getrlimit");
+    payload += std::to_string(limit.rlim_cur) + '\0' + std::to_string(limit.rlim_max) + '\0';
+  }
+  payload += std::to_string(argc) + '\0';
   for (int i = 0; i < argc; ++i) payload += std::string(argv[i]) + '\0';
   for (char** e = environ; *e; ++e) payload += std::string(*e) + '\0';
   if (payload.size() > frugal::testing::kServerMaxPayload) {

@@ -3,7 +3,8 @@
 // most of a short command's time (0.47 s on Debian's 1.13, which pulls in 290 libraries); a fork
 // of a process that has loaded them and done nothing else costs milliseconds, and the forked
 // worker runs cli::run exactly as a fresh `frugal` would: the client's arguments, working folder,
-// environment and standard streams, its exit status returned.
+// environment, umask, resource limits and standard streams, its exit status returned (its nice
+// value and CPU affinity are the server's: a test that sets those runs the program itself).
 //
 //   frugal_test_server --serve SOCKET    listen on SOCKET (a Unix socket path) until SIGTERM
 //   frugal_test_server ARGS...           frugal ARGS... (how `frugal train` re-executes itself
@@ -15,6 +16,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -65,6 +68,8 @@ int threads_of_this_process() {
 struct Request {
   int fds[3] = {-1, -1, -1};
   std::string cwd;
+  mode_t umask = 022;
+  std::vector<rlimit> limits;
   std::vector<std::string> args, env;
 };
 
@@ -91,12 +96,18 @@ bool receive(int sock, Request& r) {
     parts.emplace_back(payload, at, end - at);
     at = end + 1;
   }
-  if (parts.size() < 2) return false;
-  r.cwd = parts[0];
-  const unsigned long argc = std::strtoul(parts[1].c_str(), nullptr, 10);
-  if (argc == 0 || argc > parts.size() - 2) return false;
-  r.args.assign(parts.begin() + 2, parts.begin() + 2 + static_cast<long>(argc));
-  r.env.assign(parts.begin() + 2 + static_cast<long>(argc), parts.end());
+  size_t at = 0;
+  r.cwd = parts[at++];
+  r.umask = static_cast<mode_t>(std::strtoul(parts[at++].c_str(), nullptr, 10));
+  for (int resource = 0; resource < RLIM_NLIMITS; ++resource, at += 2) {
+    if (at + 1 >= parts.size()) return false;
+    r.limits.push_back({std::strtoull(parts[at].c_str(), nullptr, 10), std::strtoull(parts[at + 1].c_str(), nullptr, 10)});
+  }
+  if (at >= parts.size()) return false;
+  const unsigned long argc = std::strtoul(parts[at++].c_str(), nullptr, 10);
+  if (argc == 0 || argc > parts.size() - at) return false;
+  r.args.assign(parts.begin() + static_cast<long>(at), parts.begin() + static_cast<long>(at + argc));
+  r.env.assign(parts.begin() + static_cast<long>(at + argc), parts.end());
   return true;
 }
 
@@ -108,6 +119,11 @@ bool receive(int sock, Request& r) {
   for (int fd : r.fds)
     if (fd > 2) ::close(fd);
   if (::chdir(r.cwd.c_str()) != 0) die("chdir " + r.cwd);
+  ::umask(r.umask);
+  for (int resource = 0; resource < RLIM_NLIMITS; ++resource) {
+    if (::setrlimit(resource, &r.limits[static_cast<size_t>(resource)]) != 0)
+      die("the client's resource limit " + std::to_string(resource));
+  }
   ::clearenv();
   for (const auto& e : r.env) ::putenv(::strdup(e.c_str()));
   std::vector<char*> argv;
