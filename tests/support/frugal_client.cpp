@@ -2,7 +2,7 @@
 // It links no LibTorch, so it starts in a millisecond: it hands its arguments, working folder,
 // environment and standard streams to the frugal_test_server listening on ARGV0.sock (argv[0] as
 // invoked, plus ".sock": the script's link to this program names its server), forwards the signals
-// it receives to the worker (its umask and resource limits go along; its nice value and CPU
+// it receives to the worker (its umask, resource limits, and ignored and blocked signals go along; its nice value and CPU
 // affinity do not), and ends as the worker ended (its exit code, or killed by its signal).
 #include <signal.h>
 #include <sys/resource.h>
@@ -54,7 +54,19 @@ int main(int argc, char** argv) {
   if (sock < 0) fail("socket");
   if (::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) fail("no server at " + path);
 
+  // The signals this process ignores (a script's background job ignores SIGINT and SIGQUIT) and
+  // blocks, for the worker to start as this would have; then the forwarding handlers.
+  uint64_t ignored = 0;
+  for (int sig = 1; sig < 64; ++sig) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) ignored |= uint64_t{1} << sig;
+  }
+  sigset_t blocked_set;
+  ::sigprocmask(SIG_BLOCK, nullptr, &blocked_set);
+  uint64_t blocked = 0;
+  for (int sig = 1; sig < 64; ++sig) blocked |= sigismember(&blocked_set, sig) == 1 ? uint64_t{1} << sig : 0;
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) {
+    if (ignored & (uint64_t{1} << sig)) continue;  // the worker ignores it too
     struct sigaction sa {};
     sa.sa_handler = forward;
     ::sigaction(sig, &sa, nullptr);
@@ -71,6 +83,7 @@ int main(int argc, char** argv) {
     if (::getrlimit(resource, &limit) != 0) fail("getrlimit");
     payload += std::to_string(limit.rlim_cur) + '\0' + std::to_string(limit.rlim_max) + '\0';
   }
+  payload += std::to_string(ignored) + '\0' + std::to_string(blocked) + '\0';
   payload += std::to_string(argc) + '\0';
   for (int i = 0; i < argc; ++i) payload += std::string(argv[i]) + '\0';
   for (char** e = environ; *e; ++e) payload += std::string(*e) + '\0';

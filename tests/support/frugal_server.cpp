@@ -3,8 +3,9 @@
 // most of a short command's time (0.47 s on Debian's 1.13, which pulls in 290 libraries); a fork
 // of a process that has loaded them and done nothing else costs milliseconds, and the forked
 // worker runs cli::run exactly as a fresh `frugal` would: the client's arguments, working folder,
-// environment, umask, resource limits and standard streams, its exit status returned (its nice
-// value and CPU affinity are the server's: a test that sets those runs the program itself).
+// environment, umask, resource limits, ignored and blocked signals and standard streams, its exit
+// status returned (its nice value and CPU affinity are the server's: a test that sets those runs
+// the program itself).
 //
 //   frugal_test_server --serve SOCKET    listen on SOCKET (a Unix socket path) until SIGTERM
 //   frugal_test_server ARGS...           frugal ARGS... (how `frugal train` re-executes itself
@@ -69,6 +70,7 @@ struct Request {
   int fds[3] = {-1, -1, -1};
   std::string cwd;
   mode_t umask = 022;
+  uint64_t ignored = 0, blocked = 0;  // bit s: signal s
   std::vector<rlimit> limits;
   std::vector<std::string> args, env;
 };
@@ -103,7 +105,9 @@ bool receive(int sock, Request& r) {
     if (at + 1 >= parts.size()) return false;
     r.limits.push_back({std::strtoull(parts[at].c_str(), nullptr, 10), std::strtoull(parts[at + 1].c_str(), nullptr, 10)});
   }
-  if (at >= parts.size()) return false;
+  if (at + 2 >= parts.size()) return false;
+  r.ignored = std::strtoull(parts[at++].c_str(), nullptr, 10);
+  r.blocked = std::strtoull(parts[at++].c_str(), nullptr, 10);
   const unsigned long argc = std::strtoul(parts[at++].c_str(), nullptr, 10);
   if (argc == 0 || argc > parts.size() - at) return false;
   r.args.assign(parts.begin() + static_cast<long>(at), parts.begin() + static_cast<long>(at + argc));
@@ -124,6 +128,16 @@ bool receive(int sock, Request& r) {
     if (::setrlimit(resource, &r.limits[static_cast<size_t>(resource)]) != 0)
       die("the client's resource limit " + std::to_string(resource));
   }
+  // The client's signal dispositions (ignored or default: it had no handler the command could
+  // inherit through exec either) and mask.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig = 1; sig < 64; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    ::signal(sig, (r.ignored >> sig) & 1 ? SIG_IGN : SIG_DFL);
+    if ((r.blocked >> sig) & 1) sigaddset(&mask, sig);
+  }
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
   ::clearenv();
   for (const auto& e : r.env) ::putenv(::strdup(e.c_str()));
   std::vector<char*> argv;
@@ -153,9 +167,7 @@ bool receive(int sock, Request& r) {
   const pid_t worker = ::fork();
   if (worker < 0) die("fork");
   if (worker == 0) {
-    ::sigprocmask(SIG_UNBLOCK, &chld, nullptr);
     ::close(sfd);
-    ::signal(SIGTERM, SIG_DFL);
     run_command(r, sock);
   }
   for (int fd : r.fds) ::close(fd);
@@ -169,7 +181,8 @@ bool receive(int sock, Request& r) {
     if (done == worker) break;
     if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
       char byte;
-      if (::recv(sock, &byte, 1, MSG_DONTWAIT) <= 0) {  // gone: the client was killed
+      const ssize_t got = ::recv(sock, &byte, 1, MSG_DONTWAIT);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {  // gone: the client was killed
         ::kill(worker, SIGKILL);
         ::waitpid(worker, &status, 0);
         std::_Exit(0);

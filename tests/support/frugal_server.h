@@ -3,10 +3,11 @@
 //
 // One connection per command. The client sends one message: its standard input, output and error
 // as SCM_RIGHTS descriptors, then a payload of NUL-terminated strings: the working folder, the
-// umask, each resource limit (soft, hard; RLIM_NLIMITS of them), the argument count and the
-// arguments (argv[0] first), the environment entries; its length comes first as a uint32_t. The server answers with the worker's pid
-// (int32_t: the client forwards the signals it receives to it), then its wait status (int32_t) once it has ended. A client that goes away
-// (killed) gets its worker SIGKILLed.
+// umask, each resource limit (soft, hard; RLIM_NLIMITS of them), the ignored and the blocked
+// signals (bit s for signal s), the argument count and the arguments (argv[0] first), the
+// environment entries; its length comes first as a uint32_t. The server answers with the worker's
+// pid (int32_t: the client forwards the signals it receives to it), then its wait status (int32_t)
+// once it has ended. A client that goes away (killed) gets its worker SIGKILLed.
 #pragma once
 
 #include <unistd.h>
