@@ -182,7 +182,7 @@ struct Optimizer::Impl {
       read_ahead[i] = 0;
       ahead_bytes -= state_file_bytes(params[i].state);
     } else {  // not read ahead (the first step, or the order changed): the frontier starts here
-      for (auto& r : read_ahead) r = 0;
+      if (ahead_bytes > 0) std::fill(read_ahead.begin(), read_ahead.end(), 0);  // (none is flagged in the first step)
       ahead_end = static_cast<int64_t>(i), ahead_bytes = 0;
     }
     const int64_t limit = kReadAheadWindows * options.state().window_bytes();
