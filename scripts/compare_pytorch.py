@@ -17,7 +17,9 @@ on the shapes, thread count and repetitions frugal's JSON reports:
 4. optim-state: the time of one AdamW step per parameter on ``frugal bench optim-state``'s work
    (2048-wide fp32 matrices, fresh gradients, the median of the timed steps), frugal's fp32, bf16,
    8-bit and 4-bit state against ``torch.optim.AdamW`` with ``fused=True`` and ``foreach=True``,
-   and SGD with momentum 0.9 against ``torch.optim.SGD`` with ``fused=True``.
+   and SGD with momentum 0.9 against ``torch.optim.SGD`` with ``fused=True``; and, from frugal's
+   own JSON, the fp32 AdamW and SGD steps against LibTorch's fused kernels (``at::_fused_adamw_``,
+   ``at::_fused_sgd_``: what ``fused=True`` calls) alternating in one process.
    Also in 2.: PyTorch's step with ``fused=True`` AdamW, after and inside backward.
 5. whole-step (``--whole-step``; heavy, minutes): a recipe's model (default: the default recipe's
    Llama) trained by PyTorch through ``transformers``' LlamaForCausalLM (sdpa attention) in eager
@@ -651,7 +653,13 @@ def compare_optim_state(fr: dict, py: dict) -> dict:
     config = {k: fr[k] for k in ("params_timed", "threads", "dense_kernel", "adam_dense_kernel", "quantized_kernel")}
     r = {f"{p}_vs_fused": ratio(fr["precisions"][p]["ns_per_param"], py["ns_per_param_fused"]) for p in fr["precisions"]}
     r["sgd_momentum_vs_fused"] = ratio(fr["sgd_momentum"]["ns_per_param"], py["ns_per_param_sgd_momentum_fused"])
-    return {"config": config, "frugal": frugal, "pytorch": py, "ratio": r}
+    # the same kernels PyTorch's fused=True calls, timed alternately with frugal's in frugal's own
+    # process (null with a LibTorch before 2.4): the ratio a noisy machine disturbs least
+    inproc = fr.get("against_libtorch_fused")
+    if inproc:
+        r["fp32_vs_libtorch_fused_in_process"] = inproc["adamw_fp32"]["ratio"]
+        r["sgd_momentum_vs_libtorch_fused_in_process"] = inproc["sgd_momentum"]["ratio"]
+    return {"config": config, "frugal": frugal, "pytorch": py, "ratio": r, "in_process": inproc}
 
 
 def compare_loss(fr: dict, py: dict) -> dict:
@@ -701,6 +709,10 @@ def print_table(summary: dict):
                      f"{st['pytorch']['ns_per_param_fused']:.3f}", st["ratio"][f"{p}_vs_fused"]))
     rows.append(("SGD momentum step: ns/param", f"{st['frugal']['sgd_momentum']['ns_per_param']:.3f}",
                  f"{st['pytorch']['ns_per_param_sgd_momentum_fused']:.3f}", st["ratio"]["sgd_momentum_vs_fused"]))
+    if st.get("in_process"):
+        for name, key in (("AdamW fp32, one process: ns/param", "adamw_fp32"), ("SGD momentum, one process: ns/param", "sgd_momentum")):
+            f = st["in_process"][key]
+            rows.append((name, f"{f['frugal_ns_per_param']:.3f}", f"{f['fused_ns_per_param']:.3f}", f["ratio"]))
     print(f"{'':34}{'frugal':>14}{'PyTorch':>14}{'frugal/PyTorch':>16}")
     for name, a, b, r in rows:
         print(f"{name:34}{a:>14}{b:>14}{r:>16.3f}")

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "args.h"
@@ -29,15 +31,17 @@ namespace cli {
 
 namespace {
 
-// The fp32 run holds weights, gradients and both moments in fp32 (16 bytes a parameter) at once:
-// more than the machine's memory would swap for hours before the allocator gave up.
+// The comparison with LibTorch's fused AdamW holds two sets of fp32 weights and both moments and
+// one of gradients (28 bytes a parameter) at once: more than the machine's memory would swap for
+// hours before the allocator gave up.
 void check_params_fit_memory(int64_t params) {
   const int64_t physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
-  if (physical > 0 && params > physical / 16) {
-    throw UsageError("--params " + std::to_string(params) + " needs about " +
-                     (params > INT64_MAX / 16 ? std::string("more than 8 EiB") : io::human_bytes(16 * params)) +
-                     " (16 bytes a parameter for fp32 weights, gradients and AdamW state), more than this machine's " +
-                     io::human_bytes(physical) + " of memory");
+  if (physical > 0 && params > physical / 28) {
+    throw UsageError(
+        "--params " + std::to_string(params) + " needs about " +
+        (params > INT64_MAX / 28 ? std::string("more than 8 EiB") : io::human_bytes(28 * params)) +
+        " (28 bytes a parameter for two sets of fp32 weights and AdamW state and one of gradients), more than this machine's " +
+        io::human_bytes(physical) + " of memory");
   }
 }
 
@@ -110,6 +114,83 @@ Row time_step(const optim::OptimizerOptions& options, const Shapes& shapes, int6
   return row;
 }
 
+// LibTorch's own fused CPU kernels (what PyTorch's `fused=True` AdamW and SGD call) exist from 2.4.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define FRUGAL_HAS_ATEN_FUSED_OPTIM 1
+#else
+#define FRUGAL_HAS_ATEN_FUSED_OPTIM 0
+#endif
+
+// frugal's step against LibTorch's fused kernel on the same shapes, in one process, alternating
+// within each round (which goes first swaps every round), so a noisy neighbour slows both sides
+// alike: the median of each side and the median of the per-round ratios.
+struct AgainstFused {
+  double frugal_ns = 0, fused_ns = 0, ratio = 0;  // ns per parameter; ratio = frugal / fused
+  double max_param_diff = 0;                      // after the same steps from the same values: both did the same update
+};
+
+#if FRUGAL_HAS_ATEN_FUSED_OPTIM
+// `fused_step(params, grads, states)` runs LibTorch's kernel once over `params` with `grads`;
+// `states_per_param` fp32 state tensors a parameter (zeros, as PyTorch starts them).
+template <typename FusedStep>
+AgainstFused time_against_fused(const optim::OptimizerOptions& options, const Shapes& shapes, int64_t runs, int states_per_param,
+                                FusedStep fused_step) {
+  torch::OrderedDict<std::string, at::Tensor> named;
+  std::vector<at::Tensor> fused_params, grads;
+  std::vector<std::vector<at::Tensor>> states(static_cast<size_t>(states_per_param));
+  int64_t params = 0;
+  for (int64_t m = 0; m < shapes.matrices; ++m) {
+    at::Tensor w = at::randn({m + 1 == shapes.matrices ? shapes.last_rows : Shapes::kWidth, Shapes::kWidth});
+    fused_params.push_back(w.clone());
+    grads.push_back(at::empty_like(w));
+    for (auto& s : states) s.push_back(at::zeros_like(w));
+    named.insert(std::string("w").append(std::to_string(m)), w.requires_grad_());
+    params += w.numel();
+  }
+  optim::Optimizer opt(named, options);
+  std::vector<double> frugal_s, fused_s, ratios;
+  auto seconds = [](auto&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int64_t r = 0; r <= runs; ++r) {
+    for (auto& g : grads) g.normal_();
+    size_t k = 0;
+    for (auto& item : named) item.value().mutable_grad() = grads[k++];  // the same gradients for both sides
+    double a = 0, b = 0;
+    auto frugal_step = [&] { a = seconds([&] { opt.step(); }); };
+    auto their_step = [&] { b = seconds([&] { fused_step(fused_params, grads, states, r); }); };
+    if (r % 2 == 0) {
+      frugal_step();
+      their_step();
+    } else {
+      their_step();
+      frugal_step();
+    }
+    if (r > 0) {  // the first step creates frugal's state
+      frugal_s.push_back(a);
+      fused_s.push_back(b);
+      ratios.push_back(a / b);
+    }
+    opt.zero_grad();
+  }
+  at::NoGradGuard no_grad;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const auto n = static_cast<double>(params);
+  AgainstFused out;
+  out.frugal_ns = median(frugal_s) * 1e9 / n;
+  out.fused_ns = median(fused_s) * 1e9 / n;
+  out.ratio = median(ratios);
+  size_t k = 0;
+  for (auto& item : named) out.max_param_diff = std::max(out.max_param_diff, (item.value() - fused_params[k++]).abs().max().item<double>());
+  return out;
+}
+#endif
+
 // The curves side by side: the mean loss over each tenth of the run.
 void print_loss_curves(const std::vector<optim::StatePrecision>& precisions, const std::vector<Row>& rows, int64_t steps) {
   const size_t window = std::max<size_t>(1, static_cast<size_t>(steps) / 10);
@@ -147,7 +228,8 @@ int bench_optim_state(int argc, char** argv) {
             "AdamW with its two moments in fp32, bf16, 8-bit and 4-bit blocks: bytes per parameter and the time of one\n"
             "optimizer step over --params parameters (as 2048-wide matrices), against fp32, with the bytes it moves per\n"
             "parameter and the GB/s that achieves beside a plain copy's (same threads); then SGD with momentum 0.9, timed\n"
-            "the same way. With --steps N, also trains\n"
+            "the same way; then both against LibTorch's own fused kernels (2.4 and later), alternating in one process.\n"
+            "With --steps N, also trains\n"
             "the recipe N steps per precision, prints the loss curves side by side and compares the final loss with\n"
             "fp32's (the JSON carries every step's loss per precision, for plotting).");
   args.add_int("params", &params, "parameters in the timed step", 4096, int64_t{1} << 40);
@@ -209,6 +291,34 @@ int bench_optim_state(int argc, char** argv) {
                "      %.3f ns/param, moves %.2f bytes/param: %.1f GB/s, %.0f%% of copy\n",
                sgd.bytes_per_param, io::human_bytes(sgd.state_bytes).c_str(), sgd.step_s * 1e3, static_cast<long long>(sgd.params),
                sgd.step_s / rows_out[0].step_s, sgd.ns_per_param, sgd.moved_per_param, sgd.achieved_gbs, 100 * sgd.achieved_gbs / copy_gbs);
+  // The two with a 1.0x target against LibTorch's own fused kernels, in one process (above).
+  std::optional<AgainstFused> adamw_vs_fused, sgd_vs_fused;
+#if FRUGAL_HAS_ATEN_FUSED_OPTIM
+  {
+    const optim::OptimizerOptions adamw = optim::OptimizerOptions().lr(1e-3).weight_decay(0.01);
+    std::vector<at::Tensor> counts;  // PyTorch's per-parameter step counts: fp32 scalars, added to before each step
+    adamw_vs_fused = time_against_fused(adamw, shapes, runs, 2, [&](auto& p, auto& g, auto& st, int64_t) {
+      if (counts.empty())
+        for (size_t k = 0; k < p.size(); ++k) counts.push_back(at::zeros({}));
+      at::_foreach_add_(counts, 1);
+      at::_fused_adamw_(p, g, st[0], st[1], {}, counts, adamw.lr(), adamw.beta1(), adamw.beta2(), adamw.weight_decay(), adamw.eps(),
+                        /*amsgrad=*/false, /*maximize=*/false);
+    });
+    const optim::OptimizerOptions sgd_options =
+        optim::OptimizerOptions().algorithm(optim::Algorithm::sgd).lr(1e-3).momentum(0.9).weight_decay(0.01);
+    sgd_vs_fused = time_against_fused(sgd_options, shapes, runs, 1, [&](auto& p, auto& g, auto& st, int64_t round) {
+      at::_fused_sgd_(p, g, st[0], sgd_options.weight_decay(), sgd_options.momentum(), sgd_options.lr(), sgd_options.dampening(),
+                      sgd_options.nesterov(), /*maximize=*/false, /*is_first_step=*/round == 0);
+    });
+    std::fprintf(
+        stderr,
+        "against LibTorch's fused kernels (at::_fused_adamw_, at::_fused_sgd_: PyTorch's fused=True), alternating in this process:\n"
+        "      adamw fp32 %.3f vs %.3f ns/param: %.2fx;  sgd momentum %.3f vs %.3f ns/param: %.2fx (median of per-round ratios)\n"
+        "      parameters after the same steps differ by at most %.2g (adamw), %.2g (sgd)\n",
+        adamw_vs_fused->frugal_ns, adamw_vs_fused->fused_ns, adamw_vs_fused->ratio, sgd_vs_fused->frugal_ns, sgd_vs_fused->fused_ns,
+        sgd_vs_fused->ratio, adamw_vs_fused->max_param_diff, sgd_vs_fused->max_param_diff);
+  }
+#endif
   if (steps > 0) {
     for (size_t i = 0; i < precisions.size(); ++i) {
       const io::TempDir out_dir("frugal-bench-state");  // removed on every way out, signals included
@@ -251,7 +361,21 @@ int bench_optim_state(int argc, char** argv) {
   w.key("sgd_momentum").begin_object();
   w.key("momentum").value(0.9);
   write_row_figures(w, sgd, copy_gbs);
-  w.end_object().end_object();
+  w.end_object();
+  // null where this LibTorch has no fused CPU kernels (before 2.4)
+  w.key("against_libtorch_fused");
+  if (!adamw_vs_fused) {
+    w.null();
+  } else {
+    w.begin_object();
+    for (const auto& [name, figures] :
+         {std::pair<const char*, AgainstFused>{"adamw_fp32", *adamw_vs_fused}, {"sgd_momentum", *sgd_vs_fused}}) {
+      w.key(name).begin_object().key("frugal_ns_per_param").value(figures.frugal_ns).key("fused_ns_per_param").value(figures.fused_ns);
+      w.key("ratio").value(figures.ratio).key("max_param_diff").value(figures.max_param_diff).end_object();
+    }
+    w.end_object();
+  }
+  w.end_object();
   write_output(json_out, json.str());
   return 0;
 }

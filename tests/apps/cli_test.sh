@@ -650,9 +650,10 @@ printf '{"events": [{"time_us": 1}]}' > "$tmp/bad_trace.json"
 expect 2 "missing key 'action'" -- report "$tmp/bad_trace.json" --memory-viz "$tmp/x.pickle"
 
 # bench optim-state: the documented keys; FRUGAL_CPU_KERNELS=portable switches the quantized and dense kernels.
+libtorch_version=$("$frugal" --version | sed -n 's/.*LibTorch \([0-9.]*\).*/\1/p')
 for kernel in portable automatic; do
   FRUGAL_CPU_KERNELS=$kernel expect 0 "" -- bench optim-state --params 16384 --runs 1 --json-out "$tmp/state_$kernel.json"
-  if python3 - "$tmp/state_$kernel.json" "$kernel" <<'PY'
+  if python3 - "$tmp/state_$kernel.json" "$kernel" "$libtorch_version" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["benchmark"] == "optim-state" and d["params_timed"] == 16384
@@ -684,6 +685,14 @@ assert s["momentum"] == 0.9 and s["bytes_per_param"] == 4 and s["bytes_moved_per
 assert abs(s["ns_per_param"] - s["step_time_s"] * 1e9 / d["params_timed"]) < 1e-6 * s["ns_per_param"], s
 assert abs(s["achieved_gbs"] - 20 / s["ns_per_param"]) < 1e-6 * s["achieved_gbs"], s
 assert abs(s["fraction_of_copy_bandwidth"] - s["achieved_gbs"] / d["copy_bandwidth_gbs"]) < 1e-8 * s["fraction_of_copy_bandwidth"], s
+# against LibTorch's own fused kernels (2.4 and later): the same update on both sides, within a few
+# fp32 roundings of values near 1 after two steps of lr 1e-3
+f = d["against_libtorch_fused"]
+assert (f is not None) == (tuple(map(int, sys.argv[3].split(".")[:2])) >= (2, 4)), (f, sys.argv[3])
+for name in ([] if f is None else ["adamw_fp32", "sgd_momentum"]):
+    r = f[name]
+    assert r["frugal_ns_per_param"] > 0 and r["fused_ns_per_param"] > 0 and r["ratio"] > 0, (name, r)
+    assert r["max_param_diff"] < 2e-6, (name, r)
 PY
   then pass=$((pass + 1)); else echo "FAIL: bench optim-state JSON ($kernel kernel)"; failed=$((failed + 1)); fi
 done
