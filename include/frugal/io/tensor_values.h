@@ -1,5 +1,5 @@
 // frugal/io/tensor_values.h — checks over the values of a tensor read from (or about to be written
-// to) a file, in pieces, so a check of a large tensor holds no full-size temporary.
+// to) a file, by reductions over pieces, so a check holds no per-element temporary.
 //
 //   if (!frugal::io::all_finite(weight)) throw ...;   // NaN or infinity somewhere
 //   if (frugal::io::any_negative(exp_avg_sq)) throw ...;
@@ -12,7 +12,7 @@ namespace io {
 
 // True when every value is finite (integer tensors always are).
 bool all_finite(const at::Tensor& t);
-// True when some value is below zero.
+// True when some value is below zero (check all_finite first: a piece holding NaN answers false).
 bool any_negative(const at::Tensor& t);
 
 }  // namespace io
