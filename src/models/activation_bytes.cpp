@@ -50,8 +50,8 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   DecoderActivationBytes a;
   // Kept for backward by one block run plainly (the tensors decoder.cpp's blocks save):
   //   llama: x, norm1 out, q, k, v (as attention reads them), merged heads, x1, norm2 out   8 x (B,T,d)
-  //          gate, silu(gate), up, silu*up (fp32: autograd's ops)                        4 x (B,T,f)
-  //          in low precision SwiGLU's Function keeps gate and up only                   3 x (B,T,f)
+  //          gate, up, silu(gate)*up (SwiGLU's Function keeps gate and up only)          3 x (B,T,f)
+  //          a GELU Llama's autograd ops keep act(gate) too                              4 x (B,T,f)
   //          two 1/rms (fp32, one per token each), the rotary tables cos and sin (fp32 (T, hd)
   //          each) and the (B,H,T,T) probabilities
   //   gpt2:  the same 8 x (B,T,d), fc1 out and GELU out (2 x (B,T,f)), LayerNorm mean and rstd
@@ -72,8 +72,8 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   const Size llama_biases = (c.attention_bias ? qd + 2 * kv + d : Size(0)) + (c.mlp_bias ? 2 * f + d : Size(0));
   const Size matrices = llama ? 2 * d * qd + 2 * d * kv + 3 * d * f + llama_biases : 4 * d * d + 2 * d * f + 5 * d + f;
   const Size weight_copies = autocast ? matrices * ce : Size(0);
-  // act(gate) too in fp32 or for a GELU Llama (autograd's ops); SwiGLU's Function keeps gate and up only
-  const bool swiglu_fn = compute != at::kFloat && c.resolved_activation() == "silu";
+  // act(gate) too for a GELU Llama (autograd's ops); SwiGLU's Function keeps gate and up only
+  const bool swiglu_fn = c.resolved_activation() == "silu";
   const Size mlp_kept = swiglu_fn ? Size(3) : Size(4);
   a.block_plain = (llama ? BT * (residual + inner + mlp_kept * f * ce + 8) + rotary_tables + attention_kept + weight_copies
                          : BT * (residual + inner + 2 * f * ce + 4 * e) + attention_kept + weight_copies)
@@ -92,23 +92,39 @@ DecoderActivationBytes decoder_activation_bytes(const DecoderConfig& c, int64_t 
   // gradients of q, k, v and the output with one fp32 (B,T,d) of the kernel's accumulators (5 (B,T,d)
   // at T 1024; 4.25 at T 128).
   const Size attention_backward = c.attention == AttentionKernel::sdpa ? BT * d * (4 * ce + 4) : 2 * B * H * T * T * ce + BT * d * ce;
-  // In low precision, SwiGLU's backward holds its gradient in and two out (ce) with a slice of
-  // fp32 scratch (two fp32 copies and a low-precision product), beside the residual stream's
-  // fp32 gradient: on small models (the tiny recipe) this, not the fraction above, is the peak.
-  Size swiglu_backward = 0;
+  // SwiGLU's backward holds its gradient in and two out (ce), beside the residual stream's
+  // gradient, when silu(gate) * up is already freed: on small models (the tiny recipe) this, not
+  // the fraction above, is the peak (estimate.cpp makes it a moment of its own). On the CPU it is
+  // one fused pass; off it (CUDA, fp16) a slice of fp32 scratch comes on top, at most
+  // kSwiGLUSliceElements x 10 bytes, which this leaves out.
   if (llama && swiglu_fn) {
-    const Size slice_rows = std::max<int64_t>(1, kSwiGLUSliceElements / std::max<int64_t>(1, f.v));
-    swiglu_backward = 3 * BT * f * ce + Size(std::min(BT.v, slice_rows.v)) * f * (4 + 4 + ce.v) + BT * d * e;
+    a.swiglu_backward_working_set = (3 * BT * f * ce + BT * d * e).v;
+    a.swiglu_freed_before = (BT * f * ce).v;
   }
   a.peak_after_first_weight_gradient = !autocast || llama;
   // Llama with explicit attention 0.38; with sdpa and for GPT-2, 0.42 (their configurations in
   // trainer_test, on 1.13 and 2.15).
   const Size recomputed_percent = llama && c.attention == AttentionKernel::explicit_softmax ? 38 : 42;
-  a.block_backward_working_set = std::max({Size(a.block_plain) * recomputed_percent / 100, attention_backward, swiglu_backward}).v;
+  a.block_backward_working_set = std::max(Size(a.block_plain) * recomputed_percent / 100, attention_backward).v;
+  // In fp32 a SwiGLU Llama's layers are fused (RMSNorm, rotary, SwiGLU: fused_ops.h) and its
+  // products are MKL's, which takes no scratch from the allocator: with every activation live its
+  // backward holds at most down_proj's input gradient and the residual stream's (exact on the tiny
+  // and default recipes; SwiGLU's moment right after holds more), or attention's. bf16 products
+  // take packing buffers of the backend's choosing (oneDNN: about a padded copy of an operand),
+  // which the fraction above keeps covering.
+  const bool exact_fp32 = llama && swiglu_fn && compute == at::kFloat;
+  if (exact_fp32) {
+    a.block_backward_working_set = (BT * f * ce + BT * d * e).v;
+    // Attention's backward comes after the MLP's, which has freed gate, up and silu(gate) * up.
+    a.attention_backward_working_set = attention_backward.v;
+    a.attention_freed_before = (3 * BT * f * ce).v;
+    a.attention_gradients_before = ((3 * d * f + d * qd + d + (c.mlp_bias ? 2 * f + d : Size(0)) + (c.attention_bias ? d : Size(0))) * e).v;
+  }
   // A block run plainly (not recomputed in its backward) holds less: 0.334 of block_plain on the
   // tiny recipe (every_2's plain block), 0.318 on the default recipe's whole last block, on
   // LibTorch 1.13 and 2.15 alike.
-  a.plain_block_backward_working_set = std::max({Size(a.block_plain) * 34 / 100, attention_backward, swiglu_backward}).v;
+  a.plain_block_backward_working_set = std::max(Size(a.block_plain) * 34 / 100, attention_backward).v;
+  if (exact_fp32) a.plain_block_backward_working_set = a.block_backward_working_set;
   a.block_largest_matrix = (std::max({d * f, d * qd, d * kv}) * e).v;
   a.block_params = ((llama ? 2 * d + 2 * d * qd + 2 * d * kv + 3 * d * f + llama_biases : 12 * d * d + 13 * d) * e).v;
   // The head: the final norm keeps its input (and llama's 1/rms), the loss the normed states.

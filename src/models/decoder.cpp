@@ -12,6 +12,7 @@
 #include "frugal/loss/chunked_cross_entropy.h"
 #include "frugal/models/activation_bytes.h"
 #include "frugal/models/attention.h"
+#include "fused_ops.h"
 
 namespace frugal {
 namespace models {
@@ -82,17 +83,27 @@ class RMSNormFn : public torch::autograd::Function<RMSNormFn> {
  public:
   // x: (..., d), weight: (d)
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
-    const at::Tensor xf = x.to(at::kFloat);
-    const at::Tensor r = (xf.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();  // (..., 1)
-    ctx->save_for_backward({x, weight, r});
     // Under autocast the output goes straight to the products' dtype (normalised and scaled in
     // fp32, rounded once): the only copy the next matrix products read and keep.
     const at::ScalarType out = precision::compute_dtype_for(x);
+    if (fused::rms_norm_takes(x, weight, out)) {
+      auto [y, r] = fused::rms_norm_forward(x, weight, eps, out);
+      ctx->save_for_backward({x, weight, r});
+      return {y};
+    }
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor r = (xf.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();  // (..., 1)
+    ctx->save_for_backward({x, weight, r});
     if (out != x.scalar_type()) return {(xf * r * weight.to(at::kFloat)).to(out)};
     return {(xf * r).to(x.scalar_type()) * weight};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
+    if (fused::rms_norm_takes(s[0], s[1], at::kFloat) && grads[0].device().is_cpu() &&
+        (grads[0].scalar_type() == at::kFloat || grads[0].scalar_type() == at::kBFloat16)) {
+      auto [gx, gw] = fused::rms_norm_backward(s[0], s[1], s[2], grads[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      return {gx, gw, at::Tensor()};
+    }
     const at::Tensor xf = s[0].to(at::kFloat), wf = s[1].to(at::kFloat), &r = s[2];
     const at::Tensor g = grads[0].to(at::kFloat);
     const at::Tensor xhat = xf * r;
@@ -140,33 +151,34 @@ class RotaryFn : public torch::autograd::Function<RotaryFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
+    if (fused::rotary_takes(x, cos)) return {fused::rotary_forward(x, cos, sin).transpose(1, 2)};
     const at::Tensor c = cos.unsqueeze(-2).to(x.scalar_type()), s = sin.unsqueeze(-2).to(x.scalar_type());  // ([B,] T, 1, hd)
     return {(x * c + rotate_half(x) * s).transpose(1, 2)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor g = grads[0].transpose(1, 2);  // (B, T, H, hd)
+    if (fused::rotary_takes(g, saved[0])) return {fused::rotary_backward(g, saved[0], saved[1]), at::Tensor(), at::Tensor()};
     const at::Tensor c = saved[0].unsqueeze(-2).to(g.scalar_type()), s = saved[1].unsqueeze(-2).to(g.scalar_type());
     // y = x c + R(x) s with R(x) = (-x2, x1); R^T(u) = (u2, -u1) = -R(u)
     return {g * c - rotate_half(g * s), at::Tensor(), at::Tensor()};
   }
 };
 
-// SwiGLU's silu(gate) * up in low precision (bf16 products, or bf16 parameters) as one Function
-// that keeps only gate and up (autograd would also keep silu(gate)) and recomputes silu(gate) in
-// backward, an elementwise pass beside the matrix products. The transcendental parts go through
-// fp32 (LibTorch's bf16 silu kernels are several times slower than casting), rounded once per
-// result, a slice of rows at a time so the fp32 copies stay a small fraction of the tensors. fp32
-// inputs take autograd's own silu and product.
+// SwiGLU's silu(gate) * up as one Function that keeps only gate and up (autograd would also keep
+// silu(gate)) and recomputes silu(gate) in backward. On the CPU in fp32 or bf16 it is one fused pass
+// forward and one backward (fused_ops.h); elsewhere (CUDA, fp16) the transcendental parts go
+// through fp32, rounded once per result, a slice of rows at a time so the fp32 copies stay a small
+// fraction of the tensors.
 class SwiGLUFn : public torch::autograd::Function<SwiGLUFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
+    if (fused::swiglu_takes(gate, up)) return {fused::swiglu_forward(gate, up)};
     at::Tensor out = at::empty_like(gate);
     for_each_slice(gate, [&](int64_t b, int64_t n) {
-      at::Tensor act = rows(gate, b, n).to(at::kFloat);
-      at::silu_(act);
-      rows(out, b, n).copy_(act.mul_(rows(up, b, n)));
+      // out of place: for fp32 rows the cast is the saved gate itself
+      rows(out, b, n).copy_(at::silu(rows(gate, b, n).to(at::kFloat)).mul_(rows(up, b, n)));
     });
     return {out};
   }
@@ -174,6 +186,10 @@ class SwiGLUFn : public torch::autograd::Function<SwiGLUFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &g = grads[0];
+    if (fused::swiglu_takes(gate, up) && g.scalar_type() == gate.scalar_type() && g.device().is_cpu()) {
+      auto [d_gate, d_up] = fused::swiglu_backward(gate, up, g, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      return {d_gate, d_up};
+    }
     at::Tensor d_gate, d_up;
     if (ctx->needs_input_grad(0)) d_gate = at::empty_like(gate);
     if (ctx->needs_input_grad(1)) d_up = at::empty_like(up);
@@ -184,7 +200,7 @@ class SwiGLUFn : public torch::autograd::Function<SwiGLUFn> {
         at::silu_backward_out(gu, gu, x);
         rows(d_gate, b, n).copy_(gu);
       }
-      if (d_up.defined()) rows(d_up, b, n).copy_(at::silu_(x).mul_(gs));
+      if (d_up.defined()) rows(d_up, b, n).copy_(at::silu(x).mul_(gs));
     });
     return {d_gate, d_up};
   }
@@ -273,9 +289,7 @@ struct LlamaMLPImpl : torch::nn::Module {
     const at::Tensor gate = lin(gate_proj, x), up = lin(up_proj, x);
     // down_proj closes the block's residual branch: a checkpointed region that ends with this
     // block does not multiply it again in its recompute (checkpoint::tail_linear).
-    const at::Tensor z = act != "silu"                      ? activate(gate, act) * up
-                         : gate.scalar_type() == at::kFloat ? at::silu(gate) * up
-                                                            : SwiGLUFn::apply(gate, up)[0];
+    const at::Tensor z = act != "silu" ? activate(gate, act) * up : SwiGLUFn::apply(gate, up)[0];
     return checkpoint::tail_linear(z, down_proj->weight, down_proj->bias);
   }
 };

@@ -235,10 +235,26 @@ std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c
     const int64_t first_low = first_made ? 0 : a.block_largest_matrix / e * static_cast<int64_t>(c10::elementSize(compute));
     const int64_t first_grad = first_made ? a.block_largest_matrix : 0;
     prefix = checked_add(prefix, packed_kept, "the activations");
+    const int64_t block_gradients =
+        in_backward ? pending_head_gradient + in_flight() : checked_add(first_grad, later_grads, "the gradients");
     moments.push_back({"backward of block " + std::to_string(s->end - 1), checked_add(prefix, live, "the activations"),
                        checked_add(s->checkpointed ? a.block_backward_working_set : a.plain_block_backward_working_set,
                                    pending_head_temporary + (in_backward ? 0 : first_low), "the temporaries"),
-                       in_backward ? pending_head_gradient + in_flight() : checked_add(first_grad, later_grads, "the gradients")});
+                       block_gradients});
+    if (a.swiglu_backward_working_set > 0) {  // the last block's SwiGLU, after down_proj's backward
+      moments.push_back(
+          {"SwiGLU's backward in block " + std::to_string(s->end - 1), prefix + live - a.swiglu_freed_before,
+           checked_add(a.swiglu_backward_working_set, pending_head_temporary + (in_backward ? 0 : first_low), "the temporaries"),
+           block_gradients});
+    }
+    if (a.attention_backward_working_set > 0) {  // the last block's attention, after its MLP's backward
+      // In backward mode one matrix's gradient waits there for its update (the MLP's first
+      // projection's: autograd runs its accumulation after the other's input gradient).
+      moments.push_back({"attention's backward in block " + std::to_string(s->end - 1), prefix + live - a.attention_freed_before,
+                         checked_add(a.attention_backward_working_set, pending_head_temporary, "the temporaries"),
+                         in_backward ? checked_add(block_gradients, a.block_largest_matrix, "the gradients")
+                                     : checked_add(later_grads, a.attention_gradients_before, "the gradients")});
+    }
     if (in_backward) {
       moments.push_back({"update in block " + std::to_string(s->end - 1) + "'s backward", prefix + live,
                          checked_add(optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer),

@@ -29,19 +29,31 @@ struct DecoderActivationBytes {
   int64_t block_selective = 0;                   // selective checkpointing: its input and its matrix products
   int64_t block_backward_working_set = 0;        // a checkpointed block's backward temporaries at their peak
   int64_t plain_block_backward_working_set = 0;  // the same for a block that is not recomputed
-  int64_t head_kept = 0;                         // the final norm and the loss (plain: fp32 log-softmax of the logits)
-  int64_t loss_forward_temporary = 0;            // at the loss's forward peak
-  int64_t loss_backward_temporary = 0;           // at the loss's backward peak
-  int64_t loss_weight_gradient = 0;              // the head weight's gradient, made by the loss's backward
-  int64_t block_largest_matrix = 0;              // the largest weight of a block (one backward node's gradient)
-  int64_t block_params = 0;                      // bytes of one block's parameters
+  // Llama's SwiGLU backward, a moment of its own: its temporaries (the gradient of silu(gate) * up
+  // and the two it makes, beside the residual stream's gradient), and the block's activations
+  // freed by then (silu(gate) * up, down_proj's input, used by down_proj's backward). 0 elsewhere.
+  int64_t swiglu_backward_working_set = 0;
+  int64_t swiglu_freed_before = 0;
+  // Attention's backward as a moment of its own, where the MLP's backward is counted exactly (fp32
+  // SwiGLU Llama): its temporaries, the MLP's activations freed by then, and the block's weight
+  // gradients made by then (the MLP's, the output projection's, the second norm's). 0 elsewhere:
+  // attention's working set is then within block_backward_working_set, with every activation live.
+  int64_t attention_backward_working_set = 0;
+  int64_t attention_freed_before = 0;
+  int64_t attention_gradients_before = 0;
+  int64_t head_kept = 0;                // the final norm and the loss (plain: fp32 log-softmax of the logits)
+  int64_t loss_forward_temporary = 0;   // at the loss's forward peak
+  int64_t loss_backward_temporary = 0;  // at the loss's backward peak
+  int64_t loss_weight_gradient = 0;     // the head weight's gradient, made by the loss's backward
+  int64_t block_largest_matrix = 0;     // the largest weight of a block (one backward node's gradient)
+  int64_t block_params = 0;             // bytes of one block's parameters
   // Whether a block's backward peaks after its last product's weight gradient is made in the
   // parameters' dtype: under autocast GPT-2's peaks while that gradient is still the product's
   // low-precision one; Llama's (SwiGLU's, after down_proj) and every fp32 one after it.
   bool peak_after_first_weight_gradient = true;
 };
 
-// Llama's SwiGLU casts low-precision rows to fp32 this many elements at a time (decoder.cpp).
+// Off the CPU (CUDA, fp16), Llama's SwiGLU casts rows to fp32 this many elements at a time (decoder.cpp).
 constexpr int64_t kSwiGLUSliceElements = int64_t{1} << 18;
 
 // Every size here is computed with overflow checks: one past kMaxSizeBytes (2^56, 64 PiB) throws
