@@ -139,33 +139,32 @@ FRUGAL_INLINE void swiglu_backward_range(const T* __restrict gate, const T* __re
 // ---- the paths: each loop above compiled for a target ----
 
 // A kernel set for one target: the loops, not inlined further, so each is vectorised for it.
-#define FRUGAL_FUSED_KERNELS(NS, TARGET)                                                                                                 \
-  namespace NS {                                                                                                                        \
-  template <typename X, typename Y>                                                                                                     \
-  TARGET void rms_forward(const X* x, const X* w, Y* y, float* r, int64_t first, int64_t last, int64_t d, float eps) {                   \
-    rms_forward_rows(x, w, y, r, first, last, d, eps);                                                                                  \
-  }                                                                                                                                     \
-  template <typename X, typename G>                                                                                                     \
-  TARGET void rms_backward(const X* x, const X* w, const float* r, const G* g, X* gx, float* gw, int64_t first, int64_t last,            \
-                           int64_t d) {                                                                                                 \
-    rms_backward_rows(x, w, r, g, gx, gw, first, last, d);                                                                              \
-  }                                                                                                                                     \
-  template <typename X>                                                                                                                 \
-  TARGET void rotary(bool backward, const X* x, const float* c, const float* s, X* y, int64_t h) {                                     \
-    if (backward) {                                                                                                                     \
-      rotary_backward_row(x, c, s, y, h);                                                                                               \
-    } else {                                                                                                                            \
-      rotary_forward_row(x, c, s, y, h);                                                                                                \
-    }                                                                                                                                   \
-  }                                                                                                                                     \
-  template <typename T>                                                                                                                 \
-  TARGET void swiglu_forward(const T* gate, const T* up, T* out, int64_t first, int64_t last) {                                         \
-    swiglu_forward_range(gate, up, out, first, last);                                                                                   \
-  }                                                                                                                                     \
-  template <typename T>                                                                                                                 \
-  TARGET void swiglu_backward(const T* gate, const T* up, const T* g, T* dgate, T* dup, int64_t first, int64_t last) {                  \
-    swiglu_backward_range(gate, up, g, dgate, dup, first, last);                                                                        \
-  }                                                                                                                                     \
+#define FRUGAL_FUSED_KERNELS(NS, TARGET)                                                                                                   \
+  namespace NS {                                                                                                                           \
+  template <typename X, typename Y>                                                                                                        \
+  TARGET void rms_forward(const X* x, const X* w, Y* y, float* r, int64_t first, int64_t last, int64_t d, float eps) {                     \
+    rms_forward_rows(x, w, y, r, first, last, d, eps);                                                                                     \
+  }                                                                                                                                        \
+  template <typename X, typename G>                                                                                                        \
+  TARGET void rms_backward(const X* x, const X* w, const float* r, const G* g, X* gx, float* gw, int64_t first, int64_t last, int64_t d) { \
+    rms_backward_rows(x, w, r, g, gx, gw, first, last, d);                                                                                 \
+  }                                                                                                                                        \
+  template <typename X>                                                                                                                    \
+  TARGET void rotary(bool backward, const X* x, const float* c, const float* s, X* y, int64_t h) {                                         \
+    if (backward) {                                                                                                                        \
+      rotary_backward_row(x, c, s, y, h);                                                                                                  \
+    } else {                                                                                                                               \
+      rotary_forward_row(x, c, s, y, h);                                                                                                   \
+    }                                                                                                                                      \
+  }                                                                                                                                        \
+  template <typename T>                                                                                                                    \
+  TARGET void swiglu_forward(const T* gate, const T* up, T* out, int64_t first, int64_t last) {                                            \
+    swiglu_forward_range(gate, up, out, first, last);                                                                                      \
+  }                                                                                                                                        \
+  template <typename T>                                                                                                                    \
+  TARGET void swiglu_backward(const T* gate, const T* up, const T* g, T* dgate, T* dup, int64_t first, int64_t last) {                     \
+    swiglu_backward_range(gate, up, g, dgate, dup, first, last);                                                                           \
+  }                                                                                                                                        \
   }
 
 FRUGAL_FUSED_KERNELS(portable, )
@@ -177,13 +176,13 @@ FRUGAL_FUSED_KERNELS(avx512, __attribute__((target("avx512f,avx512bw,avx512dq,av
 
 // Calls NS::NAME<TYPES...>(args...) for the resolved path.
 #if FRUGAL_X86_KERNELS
-#define FRUGAL_ON_PATH(PATH, NAME, ...)                                  \
-  [&](auto&&... args) {                                                  \
-    switch (PATH) {                                                      \
-      case Path::avx512: return avx512::NAME<__VA_ARGS__>(args...);     \
-      case Path::avx2: return avx2::NAME<__VA_ARGS__>(args...);         \
-      default: return portable::NAME<__VA_ARGS__>(args...);             \
-    }                                                                    \
+#define FRUGAL_ON_PATH(PATH, NAME, ...)                             \
+  [&](auto&&... args) {                                             \
+    switch (PATH) {                                                 \
+      case Path::avx512: return avx512::NAME<__VA_ARGS__>(args...); \
+      case Path::avx2: return avx2::NAME<__VA_ARGS__>(args...);     \
+      default: return portable::NAME<__VA_ARGS__>(args...);         \
+    }                                                               \
   }
 #else
 #define FRUGAL_ON_PATH(PATH, NAME, ...) [&](auto&&... args) { return portable::NAME<__VA_ARGS__>(args...); }
@@ -319,8 +318,8 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x_in, cons
 
 bool rotary_takes(const at::Tensor& x, const at::Tensor& cos) {
   return float_or_bf16(x) && x.dim() == 4 && x.size(3) % 2 == 0 && cos.defined() && cos.device().is_cpu() &&
-         cos.scalar_type() == at::kFloat && (cos.dim() == 2 || cos.dim() == 3) && cos.size(-1) == x.size(3) &&
-         cos.size(-2) == x.size(1) && (cos.dim() == 2 || cos.size(0) == x.size(0));
+         cos.scalar_type() == at::kFloat && (cos.dim() == 2 || cos.dim() == 3) && cos.size(-1) == x.size(3) && cos.size(-2) == x.size(1) &&
+         (cos.dim() == 2 || cos.size(0) == x.size(0));
 }
 
 namespace {
@@ -376,9 +375,8 @@ at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in, Pa
   with_type(gate.scalar_type(), [&](auto tt) {
     using T = decltype(tt);
     auto kernel = FRUGAL_ON_PATH(p, swiglu_forward, T);
-    at::parallel_for(0, gate.numel(), 16384, [&](int64_t first, int64_t last) {
-      kernel(data<const T>(gate), data<const T>(up), data<T>(out), first, last);
-    });
+    at::parallel_for(0, gate.numel(), 16384,
+                     [&](int64_t first, int64_t last) { kernel(data<const T>(gate), data<const T>(up), data<T>(out), first, last); });
     return 0;
   });
   return out;

@@ -19,8 +19,8 @@ TEST(TensorValues, AllFiniteFindsNanAndInfinityAnywhere) {
     const at::Tensor base = at::randn({n}).to(dtype);
     EXPECT_TRUE(io::all_finite(base));
     EXPECT_TRUE(io::all_finite(base.narrow(0, 0, 0)));
-    for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
-                       -std::numeric_limits<double>::infinity()}) {
+    for (double bad :
+         {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
       for (int64_t at_index : {int64_t{0}, (int64_t{1} << 20) + 3, n - 1}) {
         at::Tensor t = base.clone();
         t[at_index] = bad;

@@ -40,8 +40,8 @@ TEST(FusedOps, RMSNormMatchesThePlainComputationOnEveryPath) {
     for (at::ScalarType xt : {at::kFloat, at::kBFloat16}) {
       for (at::ScalarType yt : {at::kFloat, at::kBFloat16}) {
         for (int64_t d : {1, 37, 320}) {
-          const std::string what = std::string(models::fused::path_name(p)) + " x " + c10::toString(xt) + " y " + c10::toString(yt) +
-                                   " d " + std::to_string(d);
+          const std::string what =
+              std::string(models::fused::path_name(p)) + " x " + c10::toString(xt) + " y " + c10::toString(yt) + " d " + std::to_string(d);
           at::manual_seed(d);
           const at::Tensor x = at::randn({3, 5, d}).to(xt), w = at::rand({d}).add_(0.5).to(xt), g = at::randn({3, 5, d}).to(yt);
           const double eps = 1e-5;
