@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The house style (.clang-format) on every tracked C++ file.
+# The house style (.clang-format) on every C++ file of the checkout (tracked, or new and not ignored).
 #   bash scripts/format.sh           formats them in place
 #   bash scripts/format.sh --check   changes nothing; fails naming each file that is not formatted
 #                                    (CTest `format`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null || { echo "format: clang-format is not installed (bash scripts/setup.sh installs it)" >&2; exit 2; }
-mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.inc' 2>/dev/null || find src include apps tests examples \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.inc' \))
+# Tracked files and new ones not yet added (but not ignored ones: build folders, the venv), so a new
+# file is formatted and checked before its first commit.
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cpp' '*.h' '*.cu' '*.inc' 2>/dev/null ||
+  find src include apps tests examples \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.inc' \))
 case "${1:-}" in
   "") clang-format -i "${files[@]}" ;;
   --check)
