@@ -248,8 +248,8 @@ std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c
            block_gradients});
     }
     if (a.attention_backward_working_set > 0) {  // the last block's attention, after its MLP's backward
-      // In backward mode one matrix's gradient waits there for its update (the MLP's first
-      // projection's: autograd runs its accumulation after the other's input gradient).
+      // In backward mode one (d, f) gradient is still live there, not yet used by its update (the
+      // tracker shows it on the default recipe: one of the MLP's projections').
       moments.push_back({"attention's backward in block " + std::to_string(s->end - 1), prefix + live - a.attention_freed_before,
                          checked_add(a.attention_backward_working_set, pending_head_temporary, "the temporaries"),
                          in_backward ? checked_add(block_gradients, a.block_largest_matrix, "the gradients")
