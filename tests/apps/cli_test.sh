@@ -2,15 +2,10 @@
 # The CLI's contract: help texts, exit code 2 with one clear line for user mistakes, and a small
 # `frugal account` run whose JSON has exactly the documented keys.
 set -u
-tmp=$(mktemp -d)
-trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
-# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh).
+# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh),
+# with $tmp and a TMPDIR of this run's own (this test may run twice at once, in CI and beside it).
 source "$(dirname "$0")/../support/frugal_server.sh"
-start_frugal_server "$1" "$tmp" || exit 1
-# frugal's own temporary folders too: a tokenizer training removes the folders of dead runs in
-# $TMPDIR, which must not be another test's (this one run twice at once, in CI and beside it).
-export TMPDIR="$tmp/tmpdir"
-mkdir -p "$TMPDIR"
+start_frugal_test "$1" || exit 1
 failed=0
 pass=0
 

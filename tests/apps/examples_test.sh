@@ -7,14 +7,10 @@
 #   bash tests/apps/examples_test.sh build/frugal
 set -u
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-tmp=$(mktemp -d)
-trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
-# frugal's own temporary folders too (bench packing's): not in the /tmp that hostile_files watches.
-export TMPDIR="$tmp/tmpdir"
-mkdir -p "$TMPDIR"
-# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh).
+# Each `frugal` below is forked from one server that loaded LibTorch once (tests/support/frugal_server.sh);
+# frugal's own temporary folders (bench packing's) go under $tmp, not the /tmp that hostile_files watches.
 source "$(dirname "$0")/../support/frugal_server.sh"
-start_frugal_server "$1" "$tmp" || exit 1
+start_frugal_test "$1" || exit 1
 failed=0
 pass=0
 ok() { pass=$((pass + 1)); }

@@ -14,6 +14,20 @@
 # with a bare `wait` (it would wait for the server).
 #
 # FRUGAL_TEST_NO_SERVER=1 (or a build without the two programs) runs FRUGAL itself each time.
+#
+#   start_frugal_test FRUGAL         the usual start of such a script: $tmp, a folder of its own
+#                                    (removed at exit unless KEEP_TMP is set, the server stopped),
+#                                    TMPDIR=$tmp/tmpdir (frugal's own temporary folders: a tokenizer
+#                                    training removes the folders of dead runs in $TMPDIR, which must
+#                                    not be another test's), then start_frugal_server FRUGAL $tmp
+start_frugal_test() {
+  tmp=$(mktemp -d) || return 1
+  trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+  export TMPDIR="$tmp/tmpdir"
+  mkdir -p "$TMPDIR" || return 1
+  start_frugal_server "$1" "$tmp"
+}
+
 start_frugal_server() {
   local real=$1 dir=$2 bin
   bin=$(cd "$(dirname "$real")" && pwd)

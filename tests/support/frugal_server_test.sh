@@ -5,12 +5,8 @@
 # program (SIGTERM: the same exit status), and a stand-in killed with -9 takes its command along.
 #   bash tests/support/frugal_server_test.sh build/frugal
 set -u
-tmp=$(mktemp -d)
-trap 'stop_frugal_server; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
-export TMPDIR="$tmp/tmpdir"
-mkdir -p "$TMPDIR"
 source "$(dirname "$0")/frugal_server.sh"
-start_frugal_server "$1" "$tmp" || exit 1
+start_frugal_test "$1" || exit 1
 if [ "$frugal" = "$frugal_exe" ]; then echo "no test server in this build (or FRUGAL_TEST_NO_SERVER set): nothing to compare"; exit 0; fi
 failed=0 pass=0
 ok() { pass=$((pass + 1)); }
