@@ -56,8 +56,8 @@ void print_state_placement(std::ostream& out, const train::Recipe& r, const trai
   } else if (placement == optim::StatePlacement::file && e.state_in_files_bytes > 0) {
     out << "optimizer state: " << io::human_bytes(e.state_in_files_bytes) << " in files under " << r.optimizer.state().mmap_dir()
         << ", streamed through a window of " << io::human_bytes(e.state_window_bytes)
-        << " (counted above: the pages of one chunk of one parameter's moments are mapped in at a time, the next read "
-        << "ahead); the rest (block scales, small tensors' state) stays in memory\n";
+        << " (counted above as optimizer_state: " << optim::kStateWindowSlots << " buffers of the largest chunk, which chunks are read "
+        << "into ahead of their update and written back from); the rest (block scales, small tensors' state) stays in memory\n";
   } else if (e.state_in_files_bytes > 0) {
     out << "optimizer state: " << io::human_bytes(e.state_in_files_bytes) << " of its "
         << io::human_bytes(e.by_category[static_cast<int>(memory::Category::optimizer_state)]) << " in files under "

@@ -124,6 +124,12 @@ std::shared_ptr<const CodeTables> code_tables(bool is_signed, int bits, at::Devi
 }
 
 QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is_signed, at::Device device)
+    : QuantizedBuffer(numel, bits, block, is_signed, device, [device](int64_t bytes, uint8_t zero) {
+        return at::full({bytes}, zero, at::TensorOptions().dtype(at::kByte).device(device));
+      }) {}
+
+QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is_signed, at::Device device,
+                                 const std::function<at::Tensor(int64_t bytes, uint8_t zero)>& make_codes)
     : numel_(numel), block_(block), bits_(bits), signed_(is_signed) {
   TORCH_CHECK(bits == 8 || bits == 4, "QuantizedBuffer: bits must be 8 or 4");
   TORCH_CHECK(block > 0 && block % 2 == 0, "QuantizedBuffer: block must be a positive even number");
@@ -134,12 +140,13 @@ QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is
   lut_ = shared->lut;
   lut_boundaries_ = shared->lut_boundaries;
   const int64_t blocks = (numel + block - 1) / block;
-  const auto u8 = at::TensorOptions().dtype(at::kByte).device(device);
   const int64_t zero_code = at::searchsorted(boundaries_, at::zeros({1}, map_.options())).item<int64_t>();
   const int64_t padded = blocks * block;
   // 4-bit codes two to a byte (low nibble first): the packed zero is made directly, with no
   // one-byte-per-value buffer on the way (that was a transient as large as the parameter).
-  codes_ = bits == 8 ? at::full({padded}, zero_code, u8) : at::full({padded / 2}, zero_code | (zero_code << 4), u8);
+  const int64_t bytes = bits == 8 ? padded : padded / 2;
+  codes_ = make_codes(bytes, static_cast<uint8_t>(bits == 8 ? zero_code : zero_code | (zero_code << 4)));
+  TORCH_CHECK(codes_.scalar_type() == at::kByte && codes_.numel() == bytes, "QuantizedBuffer: codes storage of the wrong size");
   absmax_ = at::zeros({blocks}, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
@@ -185,18 +192,6 @@ void QuantizedBuffer::assign(const at::Tensor& codes, const at::Tensor& absmax) 
   TORCH_CHECK(absmax.numel() == absmax_.numel(), "quantized state: ", absmax.numel(), " scales, expected ", absmax_.numel());
   codes_.copy_(codes.reshape({-1}));
   absmax_.copy_(absmax.reshape({-1}).to(at::kFloat));
-}
-
-}  // namespace optim
-}  // namespace frugal
-
-namespace frugal {
-namespace optim {
-
-void QuantizedBuffer::move_codes_to(at::Tensor storage) {
-  TORCH_CHECK(storage.scalar_type() == at::kByte && storage.numel() == codes_.numel(), "QuantizedBuffer: storage of the wrong size");
-  storage.copy_(codes_);
-  codes_ = storage;
 }
 
 }  // namespace optim
@@ -598,7 +593,7 @@ void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel k)
 
 // The fused step over [begin, end) with s's parameter and gradient pointers already set.
 void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, QuantizedBuffer& v, int64_t begin, int64_t end,
-                     QuantKernel kernel) {
+                     QuantKernel kernel, uint8_t* m_codes = nullptr, uint8_t* v_codes = nullptr) {
   TORCH_CHECK(m.bits() == v.bits() && m.block() == v.block() && begin % m.block() == 0, "adam_step_quantized_cpu: mismatched state");
   TORCH_CHECK(m.codes().device().is_cpu(), "adam_step_quantized_cpu: the state must be on the CPU");
   TORCH_CHECK(m.block() <= 256, "adam_step_quantized_cpu: blocks of at most 256 values");
@@ -610,6 +605,13 @@ void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, Quanti
   s.block = m.block();
   s.mc = m.codes().data_ptr<uint8_t>();
   s.vc = v.codes().data_ptr<uint8_t>();
+  if (m_codes && v_codes) {
+    // The kernels index codes from value 0: the base sits begin's code bytes before the chunk's
+    // buffer (as an address only; nothing outside [begin, end) is touched).
+    const uintptr_t before = static_cast<uintptr_t>(m.bits() == 8 ? begin : begin / 2);
+    s.mc = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(m_codes) - before);
+    s.vc = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(v_codes) - before);
+  }
   s.ma = m.absmax().data_ptr<float>();
   s.va = v.absmax().data_ptr<float>();
   s.mmap = m.map_data();
@@ -652,7 +654,8 @@ void adam_step_quantized_cpu(const AdamStep& h, float* p, const float* g, Quanti
 }
 
 void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v,
-                             int64_t begin, int64_t end, const Bf16Rounding& rounding, QuantKernel kernel) {
+                             int64_t begin, int64_t end, const Bf16Rounding& rounding, QuantKernel kernel, uint8_t* m_codes,
+                             uint8_t* v_codes) {
   auto check = [&](const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.numel() == end - begin &&
                     (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
@@ -668,7 +671,7 @@ void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::T
   s.gb = g16 ? reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()) : nullptr;
   s.stochastic = rounding.stochastic;
   s.seed = rounding.seed;
-  adam_step_fused(h, s, m, v, begin, end, kernel);
+  adam_step_fused(h, s, m, v, begin, end, kernel, m_codes, v_codes);
 }
 
 }  // namespace optim

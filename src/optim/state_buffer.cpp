@@ -1,6 +1,7 @@
 #include "frugal/optim/state_buffer.h"
 
 #include "frugal/io/units.h"
+#include "state_window.h"
 
 #include <chrono>
 
@@ -18,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -74,19 +76,26 @@ StatePrecision effective_precision(int64_t numel, const StateOptions& o) {
 
 namespace {
 
+constexpr size_t kPage = 4096;
+// File placement's chunks start on a page of the file in every precision: 8192 values are 32 KiB
+// of fp32, 4 KiB of 4-bit codes (and whole blocks of 256 and 128).
+constexpr int64_t kWindowChunkUnit = 8192;
+
 // Elements per chunk of the update: options.chunk_elements, or under file placement as many as
-// fill half the window (the other moment takes the other half); whole blocks, at least one.
+// fill one of the window's buffers (whole pages); whole blocks, at least one.
 int64_t dense_elements_per_chunk(StatePrecision p, const StateOptions& o) {
-  const int64_t block = state_block_size(p) > 1 ? state_block_size(p) : 256;
-  int64_t elements = o.chunk_elements();
   if (o.placement() == StatePlacement::file) {
-    const int64_t half = std::max<int64_t>(1, o.window_bytes() / 2);
-    elements = half / state_bits(p) * 8;  // no overflow for any window_bytes
+    const int64_t slot = std::max<int64_t>(1, o.window_bytes() / kStateWindowSlots);
+    const int64_t elements = slot / state_bits(p) * 8;  // no overflow for any window_bytes
+    return std::max(kWindowChunkUnit, elements / kWindowChunkUnit * kWindowChunkUnit);
   }
-  return std::max(block, elements / block * block);
+  const int64_t block = state_block_size(p) > 1 ? state_block_size(p) : 256;
+  return std::max(block, o.chunk_elements() / block * block);
 }
 
-constexpr size_t kPage = 4096;
+int64_t round_to_page(int64_t bytes) {
+  return (bytes + static_cast<int64_t>(kPage) - 1) / static_cast<int64_t>(kPage) * static_cast<int64_t>(kPage);
+}
 
 // File placement's live buffers by the start of their mapping (release_state_pages).
 std::mutex registry_mutex;
@@ -133,7 +142,7 @@ StateBufferBytes state_buffer_bytes(int64_t numel, const StateOptions& o) {
   b.in_files = in_files(o.placement()) ? dense : 0;
   if (o.placement() == StatePlacement::file) {
     const int64_t elements = dense_elements_per_chunk(p, o);
-    b.window = std::min(dense, elements * state_bits(p) / 8);
+    b.window = std::min(round_to_page(dense), elements * state_bits(p) / 8);  // the file is whole pages
   }
   return b;
 }
@@ -154,9 +163,12 @@ StateBuffer::StateBuffer(const at::Tensor& param, bool is_signed, const StateOpt
     case StatePrecision::bf16: dense_ = allocate(numel_, at::kBFloat16, device_); break;
     case StatePrecision::int8:
     case StatePrecision::int4: {
-      quantized_ = std::make_unique<QuantizedBuffer>(numel_, state_bits(precision_), block, is_signed, device_);
-      if (in_files(placement_)) {
-        quantized_->move_codes_to(allocate(quantized_->codes().numel(), at::kByte, device_));  // codes in the file
+      if (in_files(placement_)) {  // the codes in the file, written there as the zero's code
+        quantized_ =
+            std::make_unique<QuantizedBuffer>(numel_, state_bits(precision_), block, is_signed, device_,
+                                              [this](int64_t bytes, uint8_t zero) { return allocate(bytes, at::kByte, device_, zero); });
+      } else {
+        quantized_ = std::make_unique<QuantizedBuffer>(numel_, state_bits(precision_), block, is_signed, device_);
       }
       break;
     }
@@ -231,9 +243,13 @@ StateBuffer::~StateBuffer() {
   for (const Mapping& m : maps_) {
     ::munmap(m.p, m.bytes);
     if (m.fd >= 0) {
-      std::lock_guard<std::mutex> lock(registry_mutex);
-      registry().erase(static_cast<const char*>(m.p));
+      {
+        std::lock_guard<std::mutex> lock(registry_mutex);
+        registry().erase(static_cast<const char*>(m.p));
+      }
+      detail::WindowPool::get().detach(m.fd);
       StateIo::get().forget(m.fd);
+      if (m.write_fd != m.fd) ::close(m.write_fd);
       ::close(m.fd);
     } else {
       c10::reportMemoryUsageToProfiler(m.p, -static_cast<int64_t>(m.bytes), 0, 0, c10::Device(c10::kCPU));
@@ -241,29 +257,71 @@ StateBuffer::~StateBuffer() {
   }
 }
 
-at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device device) {
-  if (!in_files(placement_)) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+namespace {
+
+// Sets the first `bytes` of the file to `value`, by writes of 1 MiB from an aligned buffer (fd may be
+// direct: then bytes is a multiple of the page). Returns 0 or errno.
+int fill_file(int fd, size_t bytes, uint8_t value) {
+  constexpr size_t kPiece = size_t{1} << 20;
+  void* buffer = nullptr;
+  if (::posix_memalign(&buffer, kPage, kPiece) != 0) return ENOMEM;
+  std::memset(buffer, value, kPiece);
+  int err = 0;
+  for (size_t at = 0; at < bytes && !err;) {
+    const ssize_t n = ::pwrite(fd, buffer, std::min(kPiece, bytes - at), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) err = n < 0 ? errno : EIO;
+    if (n > 0) at += static_cast<size_t>(n);
+  }
+  std::free(buffer);
+  return err;
+}
+
+}  // namespace
+
+at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device device, uint8_t fill) {
+  if (!in_files(placement_)) {
+    TORCH_CHECK(fill == 0, "optimizer state: a filled tensor off the files");
+    return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+  }
   // A file the kernel pages in and out: unlinked at once, so it vanishes with the mapping.
   std::string path = mmap_dir_ + "/frugal-state-XXXXXX";
   const int fd = ::mkstemp(&path[0]);
   if (fd < 0) throw std::runtime_error("optimizer state: cannot create a file in " + mmap_dir_ + ": " + std::strerror(errno));
+  const bool windowed = placement_ == StatePlacement::file;
+  // The window's writes bypass the page cache where the file system allows it (tmpfs may not:
+  // then they are buffered); its reads go through it, so that reading ahead can start early.
+  const int direct = windowed && detail::WindowPool::direct_io() ? ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC) : -1;
   ::unlink(path.c_str());
-  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(dtype));
+  size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(dtype));
+  if (windowed) bytes = static_cast<size_t>(round_to_page(static_cast<int64_t>(bytes)));  // chunks are whole pages
   // Reserved now: a sparse file on a full disk fails later, as SIGBUS on first touch of a page.
   const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (rc != 0) {
+  // A fresh file reads as zeros; other fills (the code of zero) are written, not mapped in.
+  const int filled = rc == 0 && fill != 0 ? fill_file(direct >= 0 ? direct : fd, bytes, fill) : 0;
+  if (rc != 0 || filled != 0) {
+    if (direct >= 0) ::close(direct);
     ::close(fd);
     throw std::runtime_error("optimizer state: cannot reserve " + std::to_string(bytes) + " bytes in " + mmap_dir_ + " (" +
-                             std::strerror(rc) + "); free space there or choose another folder (StateOptions::mmap_dir)");
+                             std::strerror(rc != 0 ? rc : filled) +
+                             "); free space there or choose another folder (StateOptions::mmap_dir)");
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const bool windowed = placement_ == StatePlacement::file;
   if (p == MAP_FAILED || !windowed) ::close(fd);
-  if (p == MAP_FAILED) throw std::runtime_error("optimizer state: cannot map a file in " + mmap_dir_);
-  maps_.push_back({p, bytes, windowed ? fd : -1});
+  if (p == MAP_FAILED) {
+    if (direct >= 0) ::close(direct);
+    throw std::runtime_error("optimizer state: cannot map a file in " + mmap_dir_);
+  }
+  maps_.push_back({p, bytes, windowed ? fd : -1, windowed ? (direct >= 0 ? direct : fd) : -1});
   if (windowed) {
-    std::lock_guard<std::mutex> lock(registry_mutex);
-    registry()[static_cast<const char*>(p)] = {bytes, this};
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      registry()[static_cast<const char*>(p)] = {bytes, this};
+    }
+    // The window's buffers hold a chunk of this file: they are (re)made now, in the caller's scope.
+    detail::WindowPool::get().attach(
+        fd, maps_.back().write_fd,
+        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(bytes), chunk_ * state_bits(precision_) / 8)));
   }
   if (!windowed) {
     // Mapped state is the process's memory too (on the CPU, the device's): the kernel keeps the
@@ -291,6 +349,8 @@ std::pair<size_t, size_t> StateBuffer::file_range(int64_t begin, int64_t end) co
 void StateBuffer::acquire(int64_t begin, int64_t end) {
   if (!windowed() || begin >= end) return;
   const auto t0 = std::chrono::steady_clock::now();
+  if (!mapped_updates_) settle();  // nothing of it is in the window's buffers from here on
+  mapped_updates_ = true;
   const auto [first, last] = file_range(begin, end);
   char* base = static_cast<char*>(maps_.front().p);
   // Mapped in ahead of the kernel, and timed: the wait for the state to be read. Older kernels
@@ -314,17 +374,50 @@ void StateBuffer::release(int64_t begin, int64_t end) {
   transfer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void StateBuffer::prefetch(int64_t begin, int64_t end) const {
+uint8_t* StateBuffer::acquire_slot(int64_t begin, int64_t end) {
+  TORCH_CHECK(windowed() && begin % chunk_ == 0 && begin < end && end <= numel_, "optimizer state: not a chunk of a windowed state");
+  const auto t0 = std::chrono::steady_clock::now();
+  const Mapping& m = maps_.front();
+  const auto [first, last] = file_range(begin, end);
+  uint8_t* p = detail::WindowPool::get().acquire(m.fd, first, last - first);
+  transfer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return p;
+}
+
+void StateBuffer::release_slot(int64_t begin, int64_t end) {
+  const auto [first, last] = file_range(begin, end);
+  (void)last;
+  detail::WindowPool::get().release(maps_.front().fd, first);
+}
+
+void StateBuffer::prefetch(int64_t begin, int64_t end, bool urgent) const {
   end = std::min(end, numel_);
   if (!windowed() || begin >= end) return;
+  if (mapped_updates_) {
+    const auto [first, last] = file_range(begin, end);
+    StateIo::get().read(maps_.front().fd, first, last - first);
+    return;
+  }
+  // Whole chunks: the window's buffers hold chunks as the update asks for them. Those not urgent
+  // (a whole parameter, ahead of its turn) are read into the page cache at once besides, so the
+  // disk works while the window is full.
+  begin = begin / chunk_ * chunk_;
+  end = std::min(numel_, (end + chunk_ - 1) / chunk_ * chunk_);
   const auto [first, last] = file_range(begin, end);
-  StateIo::get().read(maps_.front().fd, first, last - first);
+  const size_t chunk_bytes = file_range(0, std::min(numel_, chunk_)).second;
+  if (!urgent) StateIo::get().read(maps_.front().fd, first, last - first);
+  detail::WindowPool::get().read_ahead(maps_.front().fd, first, last - first, chunk_bytes, urgent);
+}
+
+void StateBuffer::settle() const {
+  if (windowed()) detail::WindowPool::get().settle(maps_.front().fd);
 }
 
 int64_t StateBuffer::file_bytes() const { return windowed() ? static_cast<int64_t>(maps_.front().bytes) : 0; }
 
 void StateBuffer::release_all() {
   if (!windowed()) return;
+  settle();
   const Mapping& m = maps_.front();
   ::madvise(m.p, m.bytes, MADV_DONTNEED);
   ::sync_file_range(m.fd, 0, 0, SYNC_FILE_RANGE_WRITE);  // 0, 0: the whole file
@@ -372,6 +465,7 @@ int quantized_bits_of(int64_t numel, int64_t codes, int64_t scales) {
 }
 
 void StateBuffer::save(std::map<std::string, at::Tensor>& out, const std::string& prefix) const {
+  settle();  // the views read the file through the mapping: every write of the window is in it
   if (quantized_) {
     out[prefix + ".codes"] = quantized_->codes();
     out[prefix + ".absmax"] = quantized_->absmax();
@@ -381,6 +475,7 @@ void StateBuffer::save(std::map<std::string, at::Tensor>& out, const std::string
 }
 
 void StateBuffer::restore(const std::map<std::string, at::Tensor>& in, const std::string& prefix) {
+  settle();  // the window's buffers hold nothing of what this replaces
   const auto full = in.find(prefix);
   const auto codes = in.find(prefix + ".codes");
   const auto absmax = in.find(prefix + ".absmax");

@@ -26,7 +26,7 @@ StateBufferBytes state_bytes_for_parameter(int64_t numel, at::ScalarType dtype, 
   const StateBufferBytes one = state_buffer_bytes(numel, o.state());
   b.total = 2 * one.total;
   b.in_files = 2 * one.in_files;
-  b.window = 2 * one.window;
+  b.window = one.window;  // one moment's chunk: the size of a window buffer
   return b;
 }
 
@@ -35,15 +35,17 @@ int64_t update_temporary_bytes(int64_t numel, at::ScalarType dtype, at::Device d
   if (o.algorithm() == Algorithm::sgd) return 0;
   const bool buffered = uses_buffered_state(dtype, o.state(), o.stochastic_rounding());
   const StatePrecision p = effective_precision(numel, o.state());
-  // File placement: both moments' chunk mapped in and out within the update (the tracker's
-  // temporary memory: made and freed in the update's scope).
+  // File placement: the fused CPU kernels update the chunk in the window's buffers (state memory,
+  // state_window_bytes); every other path maps both moments' chunk in and out within the update
+  // (the tracker's temporary memory: made and freed in the update's scope).
   const int64_t window = buffered ? 2 * state_buffer_bytes(numel, o.state()).window : 0;
-  if (uses_dense_kernel(dtype, device, buffered, p)) return window;  // one fused pass in place
+  if (uses_dense_kernel(dtype, device, buffered, p)) return device.is_cpu() ? 0 : window;  // one fused pass in place
   if (!buffered) return 2 * numel * e;
   if (is_quantized(p) && uses_fused_kernel(dtype, device)) {
     // On a GPU with the state off it, the CUDA kernel holds one chunk's codes and scales of both
     // moments on the device; otherwise nothing.
-    if (device.is_cpu() || o.state().placement() == StatePlacement::device) return window;
+    if (device.is_cpu()) return 0;
+    if (o.state().placement() == StatePlacement::device) return window;
     StateOptions on_device = o.state();
     on_device.placement(StatePlacement::device);
     return window + 2 * state_buffer_bytes(std::min(numel, o.state().chunk_elements()), on_device).total;

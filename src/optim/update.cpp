@@ -82,25 +82,40 @@ Bf16Rounding rounding_of(const Hyper& h, const at::Tensor& param) {
   return rounding;
 }
 
-// File placement: both moments' chunk [begin, end) mapped in for the life of this, the next chunk
-// read ahead; unmapped (and written back) after.
+// File placement: both moments' chunk [begin, end) in the window for the life of this, the next
+// chunk read ahead first. `slots`: in window buffers (the fused CPU kernels' path, m() and v()
+// point at the chunk); otherwise mapped in, and unmapped and written back after.
 class Window {
  public:
-  Window(ParamState& state, int64_t begin, int64_t end) : state_(state), begin_(begin), end_(end) {
+  Window(ParamState& state, int64_t begin, int64_t end, bool slots) : state_(state), begin_(begin), end_(end), slots_(slots) {
     if (!state.m->windowed()) return;
-    for (StateBuffer* s : {state.m.get(), state.v.get()}) s->acquire(begin, end);
-    for (StateBuffer* s : {state.m.get(), state.v.get()}) s->prefetch(end, end + (end - begin));
+    for (StateBuffer* s : {state.m.get(), state.v.get()}) s->prefetch(end, end + (end - begin), /*urgent=*/true);
+    if (!slots) {
+      for (StateBuffer* s : {state.m.get(), state.v.get()}) s->acquire(begin, end);
+      return;
+    }
+    m_ = state.m->acquire_slot(begin, end);
+    try {
+      v_ = state.v->acquire_slot(begin, end);
+    } catch (...) {
+      state.m->release_slot(begin, end);
+      throw;
+    }
   }
   ~Window() {
     if (!state_.m->windowed()) return;
-    for (StateBuffer* s : {state_.m.get(), state_.v.get()}) s->release(begin_, end_);
+    for (StateBuffer* s : {state_.m.get(), state_.v.get()}) slots_ ? s->release_slot(begin_, end_) : s->release(begin_, end_);
   }
   Window(const Window&) = delete;
   Window& operator=(const Window&) = delete;
+  uint8_t* m() const { return m_; }
+  uint8_t* v() const { return v_; }
 
  private:
   ParamState& state_;
   int64_t begin_, end_;
+  bool slots_;
+  uint8_t *m_ = nullptr, *v_ = nullptr;
 };
 
 // Adam(W) over chunks of blocks: load each chunk of the moments as fp32, update, store back.
@@ -126,11 +141,12 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     const bool kernel_dtype = g_flat.scalar_type() == at::kFloat || g_flat.scalar_type() == at::kBFloat16;
     for (int64_t b = 0; b < n; b += chunk) {
       const int64_t e = std::min(n, b + chunk);
-      const Window window(state, b, e);
+      const Window window(state, b, e, /*slots=*/cpu);
       const at::Tensor g = g_flat.narrow(0, b, e - b);
       const at::Tensor g_chunk = kernel_dtype ? g.contiguous() : g.to(at::kFloat).contiguous();
       if (cpu) {
-        adam_step_quantized_cpu(step, p_flat.narrow(0, b, e - b), g_chunk, *qm, *qv, b, e, rounding);
+        adam_step_quantized_cpu(step, p_flat.narrow(0, b, e - b), g_chunk, *qm, *qv, b, e, rounding, QuantKernel::automatic, window.m(),
+                                window.v());
       } else {
         state.m->add_transfer_seconds(adam_step_quantized_cuda(step, p_flat.narrow(0, b, e - b), g_chunk, *qm, *qv, b, e, rounding));
       }
@@ -147,16 +163,18 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     const int64_t span = state.m->windowed() ? chunk : n;
     for (int64_t b = 0; b < n; b += span) {
       const int64_t e = std::min(n, b + span);
-      const Window window(state, b, e);
+      const Window window(state, b, e, /*slots=*/true);
       rounding.first_index = b;
-      adam_step_dense_cpu(step, p_flat.narrow(0, b, e - b), g_flat.narrow(0, b, e - b), dm.narrow(0, b, e - b), dv.narrow(0, b, e - b),
-                          rounding);
+      // Through the window the moments are the chunk in its buffers; in memory, views of the state.
+      const at::Tensor m = window.m() ? at::from_blob(window.m(), {e - b}, dm.options()) : dm.narrow(0, b, e - b);
+      const at::Tensor v = window.v() ? at::from_blob(window.v(), {e - b}, dv.options()) : dv.narrow(0, b, e - b);
+      adam_step_dense_cpu(step, p_flat.narrow(0, b, e - b), g_flat.narrow(0, b, e - b), m, v, rounding);
     }
     return;
   }
   for (int64_t b = 0; b < n; b += chunk) {
     const int64_t e = std::min(n, b + chunk);
-    const Window window(state, b, e);
+    const Window window(state, b, e, /*slots=*/false);
     at::Tensor p_view = p_flat.narrow(0, b, e - b);
     at::Tensor p = fp32_param ? p_view : p_view.to(at::kFloat);  // (e - b)
     const at::Tensor m = state.m->load(b, e, param.device()), v = state.v->load(b, e, param.device());

@@ -137,9 +137,13 @@ StaticBytes parameters_and_state(const Recipe& r, const std::vector<int64_t>& nu
       est.state_fp32_fallback_params += n;
     }
   }
-  // File placement: the state in files is not memory but for one parameter's chunk of it, mapped in
-  // and out within that parameter's update (update_temporary_bytes counts it there).
-  if (r.optimizer.state().placement() == optim::StatePlacement::file) S -= est.state_in_files_bytes;
+  // File placement: the state in files is not memory; the window's buffers are (kStateWindowSlots
+  // of the largest chunk, made with the first state), and paths other than the fused CPU kernels
+  // map a chunk in within the update besides (update_temporary_bytes counts it there).
+  if (r.optimizer.state().placement() == optim::StatePlacement::file) {
+    est.state_window_bytes = checked_mul(est.state_window_bytes, optim::kStateWindowSlots, "the state's window");
+    S = S - est.state_in_files_bytes + est.state_window_bytes;
+  }
   // Host or file placement keeps the state off a GPU; on the CPU that memory is the device's.
   if (r.device.is_cuda() && r.optimizer.state().placement() != optim::StatePlacement::device) {
     est.state_off_device_bytes = S;

@@ -21,6 +21,7 @@
 #include "frugal/memory/tracker.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/state_buffer.h"
+#include "optim/state_window.h"
 
 #include <torch/nn/modules/linear.h>
 
@@ -72,25 +73,36 @@ OptimizerOptions options(StatePrecision p, StatePlacement where, Mode mode, int6
 
 }  // namespace
 
+// Turns the window's direct I/O off for a scope (files made meanwhile use buffered reads and writes).
+struct BufferedIo {
+  explicit BufferedIo(bool buffered) : was(optim::detail::WindowPool::direct_io()) { optim::detail::WindowPool::direct_io() = !buffered; }
+  ~BufferedIo() { optim::detail::WindowPool::direct_io() = was; }
+  bool was;
+};
+
 TEST(StateWindow, FileStateGivesTheBitsOfStateInMemory) {
-  // A window of 8 KiB: every weight's moments go through it in 4 to 32 chunks, each chunk's
-  // stochastic rounding drawing the noise the whole parameter's step would.
-  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    const auto xs = batches(4, 64, dtype);
-    for (StatePrecision p : kAllStatePrecisions) {
-      for (Mode mode : {Mode::standard, Mode::in_backward}) {
-        SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + precision_name(p) + (mode == Mode::in_backward ? " in backward" : ""));
-        Net memory(1, 64, dtype), file(1, 64, dtype);
-        Optimizer o_memory(memory.named_parameters(), options(p, StatePlacement::device, mode, 8 << 10));
-        Optimizer o_file(file.named_parameters(), options(p, StatePlacement::file, mode, 8 << 10));
-        at::manual_seed(3);
-        run_steps(memory, o_memory, xs);
-        at::manual_seed(3);
-        run_steps(file, o_file, xs);
-        EXPECT_TRUE(same_bits(memory, file));
+  // A window of 64 KiB: every weight's moments go through it in chunks of 8192 values (2 to 8 of
+  // them), each chunk's stochastic rounding drawing the noise the whole parameter's step would;
+  // with direct and with buffered writes.
+  for (bool buffered : {false, true})
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const BufferedIo io(buffered);
+      const auto xs = batches(4, 128, dtype);
+      for (StatePrecision p : kAllStatePrecisions) {
+        for (Mode mode : {Mode::standard, Mode::in_backward}) {
+          SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + precision_name(p) + (mode == Mode::in_backward ? " in backward" : "") +
+                       (buffered ? " buffered" : ""));
+          Net memory(1, 128, dtype), file(1, 128, dtype);
+          Optimizer o_memory(memory.named_parameters(), options(p, StatePlacement::device, mode, 64 << 10));
+          Optimizer o_file(file.named_parameters(), options(p, StatePlacement::file, mode, 64 << 10));
+          at::manual_seed(3);
+          run_steps(memory, o_memory, xs);
+          at::manual_seed(3);
+          run_steps(file, o_file, xs);
+          EXPECT_TRUE(same_bits(memory, file));
+        }
       }
     }
-  }
 }
 
 TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
@@ -130,9 +142,8 @@ TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
   Optimizer opt(net.named_parameters(), options(StatePrecision::fp32, StatePlacement::file, Mode::in_backward, window));
   run_steps(net, opt, xs);
   EXPECT_EQ(resident_files() - before, 0);
-  // The tracker sees the window while a chunk is mapped in (the peak of a step in standard mode,
-  // where the gradients stay put), and nothing of the files after. int8 state: each moment's
-  // chunk is 512K codes.
+  // The tracker sees the window's buffers as state, from the first update on (kStateWindowSlots of
+  // 128 KiB: int8 chunks of 128K codes), and nothing of the files.
   {
     Net other(4, d, at::kFloat);
     Optimizer standard(other.named_parameters(), options(StatePrecision::int8, StatePlacement::file, Mode::standard, window));
@@ -142,16 +153,19 @@ TEST(StateWindow, OnlyTheWindowIsResidentThroughStepsCheckpointsAndRestores) {
       standard.step();
       standard.zero_grad();
     }
-    // Made and freed within the update, the window is the update's temporary memory (as
+    // The fused kernels update the chunk in the window's buffers: no temporary memory (as
     // update_temporary_bytes counts it); the block scales stay in memory, the rest is in files.
     const auto at_peak = tracker->peak_report().breakdown;
     const int64_t scales = (2 * d * d / 256) * 4 * 2 * 2;  // both weights' block scales, both moments
-    EXPECT_EQ(at_peak[static_cast<int>(memory::Category::temporary)], window);
-    EXPECT_EQ(at_peak[static_cast<int>(memory::Category::optimizer_state)], scales);
-    EXPECT_EQ(update_temporary_bytes(2 * d * d, at::kFloat, at::kCPU,
-                                     options(StatePrecision::int8, StatePlacement::file, Mode::standard, window)),
-              window);
-    EXPECT_EQ(tracker->live_by_category()[static_cast<int>(memory::Category::optimizer_state)], scales);
+    EXPECT_EQ(at_peak[static_cast<int>(memory::Category::temporary)], 0);
+    EXPECT_EQ(at_peak[static_cast<int>(memory::Category::optimizer_state)], scales + window);
+    const OptimizerOptions int8_file = options(StatePrecision::int8, StatePlacement::file, Mode::standard, window);
+    EXPECT_EQ(update_temporary_bytes(2 * d * d, at::kFloat, at::kCPU, int8_file), 0);
+    EXPECT_EQ(kStateWindowSlots * state_bytes_for_parameter(2 * d * d, at::kFloat, int8_file).window, window);
+    EXPECT_EQ(optim::detail::WindowPool::get().resident_bytes(), window);
+    EXPECT_EQ(tracker->live_by_category()[static_cast<int>(memory::Category::optimizer_state)], scales + window);
+    // The codes' files were filled with the zero's code by writes, not through the mapping.
+    EXPECT_EQ(resident_files() - before, 0);
   }
 
   // A checkpoint's writing reads every page of the files: dropped tensor by tensor.
@@ -199,50 +213,64 @@ TEST(StateWindow, AFolderTooSmallForTheFilesIsRefusedByName) {
 
 TEST(StateWindow, WindowBytesAndChunksFollowTheWindow) {
   const StateOptions o = StateOptions().placement(StatePlacement::file).window_bytes(1 << 20);
-  // Half the window per moment: 128K fp32 values, 512K bf16 ... as many values as fill 512 KiB.
-  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::fp32)).window, 512 << 10);
-  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int8)).window, 512 << 10);
-  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int4)).window, 512 << 10);
+  // One of the kStateWindowSlots buffers per chunk: 128 KiB, 32K fp32 values ... 256K 4-bit ones.
+  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::fp32)).window, 128 << 10);
+  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int8)).window, 128 << 10);
+  EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int4)).window, 128 << 10);
   EXPECT_EQ(state_buffer_bytes(1 << 22, StateOptions(o).precision(StatePrecision::int8)).in_files, 1 << 22);
-  // A parameter smaller than the window maps all of itself.
+  // A parameter smaller than a chunk takes all of its file: whole pages.
   EXPECT_EQ(state_buffer_bytes(8192, StateOptions(o).precision(StatePrecision::int8)).window, 8192);
+  EXPECT_EQ(state_buffer_bytes(5000, StateOptions(o).precision(StatePrecision::int8)).window, 8192);
   StateBuffer b(at::zeros({1 << 22}), true, StateOptions(o).precision(StatePrecision::fp32).mmap_dir(::testing::TempDir()));
-  EXPECT_EQ(b.chunk(), 128 << 10);
+  EXPECT_EQ(b.chunk(), 32 << 10);
   EXPECT_TRUE(b.windowed());
+  // However small the window, a chunk is 8192 values: whole pages of the file in every precision.
+  const StateOptions tiny = StateOptions(o).window_bytes(1024);
+  EXPECT_EQ(
+      StateBuffer(at::zeros({1 << 16}), true, StateOptions(tiny).precision(StatePrecision::int4).mmap_dir(::testing::TempDir())).chunk(),
+      8192);
+  EXPECT_EQ(state_buffer_bytes(1 << 16, StateOptions(tiny).precision(StatePrecision::int4)).window, 4096);
 }
 
-// Reading ahead: prefetch returns at once and a thread of the state's own brings the range into
-// the page cache (mincore on the mapping), after the file's pages were written back and dropped
-// from it, as a 7B step's are by the time the next step reaches them.
-TEST(StateWindow, PrefetchReadsTheFileIntoThePageCacheOnItsOwnThread) {
-  const at::Tensor param = at::zeros({2048, 4096});
-  StateBuffer state(
-      param, /*is_signed=*/true,
-      StateOptions().precision(StatePrecision::int8).placement(StatePlacement::file).mmap_dir(::testing::TempDir()).window_bytes(1 << 20));
-  const int64_t n = param.numel();
-  state.acquire(0, n);
-  state.store(0, n, at::randn({n}));
-  state.release_all();
-  // Written back and dropped from the page cache: the state file is the one open, unlinked file.
-  std::vector<int> fds;
-  for (int fd = 3; fd < 1024; ++fd) {
-    char link[512];
-    const ssize_t len = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof(link) - 1);
-    if (len > 0 && std::string(link, static_cast<size_t>(len)).find("frugal-state-") != std::string::npos) fds.push_back(fd);
+// Reading ahead: prefetch returns at once and the window's reader brings the chunks into its
+// buffers, in order, as buffers come free; what the update writes there reaches the file (read
+// back through the mapping a checkpoint copies). Direct and buffered writes.
+TEST(StateWindow, ChunksAreReadAheadUpdatedInTheWindowAndWrittenBack) {
+  for (bool buffered : {false, true}) {
+    SCOPED_TRACE(buffered ? "buffered" : "direct");
+    const BufferedIo io(buffered);
+    const at::Tensor param = at::zeros({64, 8192});  // 64 chunks of 8192 int8 codes: a 64 KiB window holds 8
+    StateBuffer state(param, /*is_signed=*/true,
+                      StateOptions()
+                          .precision(StatePrecision::int8)
+                          .placement(StatePlacement::file)
+                          .mmap_dir(::testing::TempDir())
+                          .window_bytes(64 << 10));
+    ASSERT_EQ(state.chunk(), 8192);
+    const int64_t n = param.numel(), chunks = n / state.chunk();
+    TensorDict saved{{"m", at::randn({n})}};
+    state.restore(saved, "m");  // through the mapping, then dropped from it
+    std::map<std::string, at::Tensor> views;
+    state.save(views, "m");
+    const at::Tensor expected = views.at("m.codes").clone();
+    ASSERT_EQ(expected.numel(), n);
+
+    state.prefetch(0, 3 * state.chunk());
+    for (int i = 0; i < 1000 && optim::detail::WindowPool::get().ready_slots() < 3; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(optim::detail::WindowPool::get().ready_slots(), 3) << "chunks read ahead by the window's reader";
+    // The rest queued behind: more than the window holds; each read as a buffer is written back.
+    state.prefetch(0, n);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t b = c * state.chunk();
+      uint8_t* codes = state.acquire_slot(b, b + state.chunk());
+      ASSERT_EQ(std::memcmp(codes, expected.data_ptr<uint8_t>() + b, static_cast<size_t>(state.chunk())), 0) << "chunk " << c;
+      for (int64_t i = 0; i < state.chunk(); ++i) codes[i] = static_cast<uint8_t>(codes[i] ^ 0x5a);
+      state.release_slot(b, b + state.chunk());
+    }
+    views.clear();
+    state.save(views, "m");  // waits for the writes
+    EXPECT_TRUE(at::equal(views.at("m.codes"), expected.bitwise_xor(0x5a))) << "the updates in the file";
+    EXPECT_EQ(optim::detail::WindowPool::get().ready_slots(), 0);
   }
-  ASSERT_EQ(fds.size(), 1u) << "the state's file among the open files";
-  ASSERT_EQ(::fdatasync(fds[0]), 0);
-  ASSERT_EQ(::posix_fadvise(fds[0], 0, 0, POSIX_FADV_DONTNEED), 0);
-  auto* codes = static_cast<unsigned char*>(state.quantized()->codes().data_ptr());
-  const size_t bytes = static_cast<size_t>(state.file_bytes()), pages = bytes / 4096;
-  auto cached = [&] {
-    std::vector<unsigned char> in(pages + 1);
-    if (::mincore(codes, bytes, in.data()) != 0) return size_t{0};
-    return static_cast<size_t>(
-        std::count_if(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(pages), [](unsigned char c) { return c & 1; }));
-  };
-  if (cached() > pages / 10) GTEST_SKIP() << "this file system keeps the written pages cached";
-  state.prefetch(0, n);
-  for (int i = 0; i < 1000 && cached() < pages; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(cached(), pages) << "pages of the state file in the page cache after prefetch";
 }

@@ -16,6 +16,8 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+
 #include <memory>
 
 #include <cstdint>
@@ -46,6 +48,10 @@ class QuantizedBuffer {
   QuantizedBuffer() = default;
   // numel values in blocks of `block` (the last may be short), bits 8 or 4; zeros.
   QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is_signed, at::Device device = at::kCPU);
+  // The same with the codes in storage that make_codes(bytes, zero) returns: uint8, `bytes` of
+  // them, each already `zero` (the code byte of two zeros, or of one at 8 bits), e.g. a file's.
+  QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is_signed, at::Device device,
+                  const std::function<at::Tensor(int64_t bytes, uint8_t zero)>& make_codes);
 
   // Values [begin, end) as fp32 on the buffer's device; begin must be a multiple of the block.
   at::Tensor load(int64_t begin, int64_t end) const;
@@ -67,8 +73,6 @@ class QuantizedBuffer {
   const at::Tensor& absmax() const { return absmax_; }
   // Replaces codes and scales (a saved state); checks their sizes.
   void assign(const at::Tensor& codes, const at::Tensor& absmax);
-  // Keeps the codes in `storage` (uint8, as many bytes as codes()) from now on, e.g. a mapped file.
-  void move_codes_to(at::Tensor storage);
 
   // For the fused CPU kernels: the code of the map entry nearest a value x (already divided by its
   // block's absmax), exactly as at::searchsorted over the midpoints gives it, is
@@ -140,8 +144,11 @@ struct Bf16Rounding {
 // The same step for a parameter and gradient of fp32 or bf16 (contiguous CPU tensors of end - begin
 // elements, the parameter's elements [begin, end)): each block is widened to fp32 in registers,
 // updated, and a bf16 parameter rounded back per `rounding`. No temporary tensor is made.
+// m_codes/v_codes, when given, hold the codes of [begin, end) in place of m's and v's (begin's code
+// first: file placement's window buffers); the scales stay m's and v's.
 void adam_step_quantized_cpu(const AdamStep& h, const at::Tensor& p, const at::Tensor& g, QuantizedBuffer& m, QuantizedBuffer& v,
-                             int64_t begin, int64_t end, const Bf16Rounding& rounding, QuantKernel kernel = QuantKernel::automatic);
+                             int64_t begin, int64_t end, const Bf16Rounding& rounding, QuantKernel kernel = QuantKernel::automatic,
+                             uint8_t* m_codes = nullptr, uint8_t* v_codes = nullptr);
 
 // Whether the CUDA kernel below is in this process: frugal's CUDA module (libfrugal_cuda.so, built
 // against a CUDA build of LibTorch) is loaded (memory/cuda_runtime.h); the call is refused otherwise.

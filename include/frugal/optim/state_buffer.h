@@ -3,11 +3,12 @@
 // Precision: fp32, bf16, 8-bit (blocks of 256) or 4-bit (blocks of 128) with one fp32 absmax per
 // block (quantize.h). Place: on the parameter's device, in host memory (streamed to the device a
 // chunk at a time during the step), in a memory-mapped file that the operating system pages
-// (mmap), or in a file streamed through a bounded window (file): each chunk's pages are mapped in
-// before its update, written back and unmapped after it, and the next chunk is read ahead (by a
-// thread of its own), so at
-// most window_bytes of state are resident at once. The step reads and writes a chunk of blocks at
-// a time, so no full fp32 copy of the state exists.
+// (mmap), or in a file streamed through a bounded window (file): before its update a chunk is read
+// into one of kStateWindowSlots buffers (read ahead, in the order the updates need them, by a thread
+// of its own), updated there by the fused kernels and written back after (by another), with direct
+// I/O where the file system allows it, so at most window_bytes of state are resident at once and
+// none of it passes through the page cache. The step reads and writes a chunk of blocks at a time,
+// so no full fp32 copy of the state exists.
 // Tensors with fewer than min_quantized_numel elements keep fp32 state.
 //
 //   frugal::optim::StateBuffer m(param, /*is_signed=*/true, frugal::optim::StateOptions().precision(
@@ -36,6 +37,10 @@ constexpr std::array<StatePrecision, 4> kAllStatePrecisions = {StatePrecision::f
                                                                StatePrecision::int4};
 constexpr std::array<StatePlacement, 4> kAllStatePlacements = {StatePlacement::device, StatePlacement::host, StatePlacement::mmap,
                                                                StatePlacement::file};
+
+// File placement's window: this many buffers of one chunk each (both moments' chunk of the update
+// at hand, and the chunks read ahead or being written back).
+constexpr int kStateWindowSlots = 8;
 
 // Bits one value takes in this precision: 32, 16, 8 or 4 (scales of the 8- and 4-bit blocks apart).
 constexpr int state_bits(StatePrecision p) {
@@ -78,7 +83,8 @@ int64_t state_block_size(StatePrecision precision);
 StatePrecision effective_precision(int64_t numel, const StateOptions& options);
 // Bytes one StateBuffer of `numel` values allocates (codes and scales, or the dense tensor), and
 // how many of them live in mapped files (mmap and file placement: codes or dense values; scales stay
-// in memory), and of those how many file placement maps in at once (one chunk: StateBuffer::chunk).
+// in memory), and of those how many file placement brings in at once (one chunk, StateBuffer::chunk:
+// the size of a window buffer it needs; the window is kStateWindowSlots buffers of the largest).
 struct StateBufferBytes {
   int64_t total = 0;
   int64_t in_files = 0;
@@ -103,23 +109,34 @@ class StateBuffer {
   // The precision it really has (effective_precision: small tensors keep fp32).
   StatePrecision precision() const { return precision_; }
   // Elements per chunk of the update (a multiple of the block). File placement: as many as fill
-  // half the window (the other moment's chunk takes the other half).
+  // one of the window's kStateWindowSlots buffers, in whole pages of the file (a multiple of 8192).
   int64_t chunk() const { return chunk_; }
-  // True for file placement: the state lives in a mapped file and only a bounded window of it is
-  // resident. The four calls below do nothing otherwise.
+  // True for file placement: the state lives in a file and only a bounded window of it is
+  // resident. The calls below up to release_all do nothing otherwise.
   bool windowed() const { return placement_ == StatePlacement::file; }
-  // Before the update of [begin, end): maps its pages in (read from the page cache or the disk;
-  // timed into transfer_seconds). The tracker sees a chunk as memory while it is mapped in.
+  // The fused CPU kernels' path. Before the update of the chunk [begin, end) (begin a multiple of
+  // chunk()): the chunk in a window buffer, read ahead or read now (the wait is timed into
+  // transfer_seconds); the returned pointer holds value begin's bytes (code, or fp32/bf16 value) on.
+  uint8_t* acquire_slot(int64_t begin, int64_t end);
+  // After that update: the chunk's write back to the file is posted (the caller does not wait).
+  void release_slot(int64_t begin, int64_t end);
+  // Every other path (ATen's arithmetic through load/store, a GPU's kernel), before the update of
+  // [begin, end): its pages are mapped in (timed). The tracker sees a chunk as memory while it is
+  // mapped in.
   void acquire(int64_t begin, int64_t end);
-  // After the update of [begin, end): unmaps its pages (timed) and has their writing back started.
+  // After that update: the pages are unmapped (timed) and their writing back started.
   void release(int64_t begin, int64_t end);
-  // Has [begin, end) read into the page cache ahead of its update, by a thread of its own (which also
-  // starts release's writing back): the caller does not wait for it.
-  void prefetch(int64_t begin, int64_t end) const;
+  // Has [begin, end) read ahead of its update by a thread of its own (into window buffers, in the
+  // order asked, urgent ones first; or, once the mapped path updates this buffer, into the page
+  // cache): the caller does not wait for it.
+  void prefetch(int64_t begin, int64_t end, bool urgent = false) const;
   // The bytes of its file (file placement; 0 otherwise): what reading all of it ahead moves.
   int64_t file_bytes() const;
   // Unmaps every page: after a checkpoint has read them all, or a restore written them.
   void release_all();
+  // Waits until the file holds every chunk written back through the window and no window buffer
+  // holds one of this buffer's (save and restore do it before they touch the mapping).
+  void settle() const;
   // Values [begin, end) as fp32 on `device`. For fp32 state on that device this is a view: writes
   // to it change the state, and store() of it is free.
   at::Tensor load(int64_t begin, int64_t end, at::Device device) const;
@@ -147,7 +164,8 @@ class StateBuffer {
   void add_transfer_seconds(double seconds) { transfer_seconds_ += seconds; }
 
  private:
-  at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device);
+  // numel values of dtype on the state's place, every byte `fill` (0: zeros).
+  at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device, uint8_t fill = 0);
   int64_t numel_ = 0, chunk_ = 0;
   std::vector<int64_t> shape_;
   StatePrecision precision_;
@@ -159,13 +177,15 @@ class StateBuffer {
   struct Mapping {
     void* p;
     size_t bytes;
-    int fd;  // file placement keeps it open for writing back; -1 for mmap placement
+    int fd;        // file placement keeps it open for writing back; -1 for mmap placement
+    int write_fd;  // file placement: the window's writes (opened O_DIRECT where it can be; else fd)
   };
   std::vector<Mapping> maps_;  // mmap and file placement: the codes or dense values
   // file placement: the byte range of maps_[0] a range of values takes, page-aligned outwards
   std::pair<size_t, size_t> file_range(int64_t begin, int64_t end) const;
   std::string mmap_dir_;
   mutable double transfer_seconds_ = 0;
+  mutable bool mapped_updates_ = false;  // file placement: the mapped path updates it (prefetch then reads into the page cache)
 };
 
 }  // namespace optim

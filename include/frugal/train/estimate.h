@@ -30,7 +30,7 @@ struct MemoryEstimate {
   int64_t activation_per_layer = 0;    // one block's kept bytes without checkpointing
   int64_t state_in_files_bytes = 0;    // optimizer state in mapped files (mmap and file placement); file
                                        // placement's is not in optimizer_state, but for one window:
-  int64_t state_window_bytes = 0;      // the largest chunk of it mapped in at once (file placement)
+  int64_t state_window_bytes = 0;      // the window's buffers it is read into and written from (file placement)
   int64_t state_off_device_bytes = 0;  // optimizer state in host memory or files while training on a GPU
   // 8- or 4-bit state asked for, fp32 kept: the tensors (this rank's parts of them) under
   // optim::StateOptions::min_quantized_numel elements, whose block scales would cost more than
