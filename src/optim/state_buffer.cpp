@@ -385,9 +385,7 @@ uint8_t* StateBuffer::acquire_slot(int64_t begin, int64_t end) {
 }
 
 void StateBuffer::release_slot(int64_t begin, int64_t end) {
-  const auto [first, last] = file_range(begin, end);
-  (void)last;
-  detail::WindowPool::get().release(maps_.front().fd, first);
+  detail::WindowPool::get().release(maps_.front().fd, file_range(begin, end).first);
 }
 
 void StateBuffer::prefetch(int64_t begin, int64_t end, bool urgent) const {
