@@ -119,7 +119,18 @@ void WindowPool::resize_slots(std::unique_lock<std::mutex>& lock, size_t bytes) 
     // Anonymous pages, touched now: the window is resident from here on, as the tracker is told.
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) {
+      // No window rather than part of one (a buffer left empty would never come free): every later
+      // acquire refuses, as a chunk larger than the buffers.
+      for (Slot& made : slots_) {
+        if (made.mem) {
+          c10::reportMemoryUsageToProfiler(made.mem, -static_cast<int64_t>(made.capacity), 0, 0, c10::Device(c10::kCPU));
+          ::munmap(made.mem, made.capacity);
+        }
+        made = Slot();
+      }
+      slot_bytes_ = 0;
       resizing_ = false;
+      changed_.notify_all();
       throw std::runtime_error("optimizer state: cannot allocate the window's " + std::to_string(bytes) + "-byte buffers");
     }
     s.mem = static_cast<uint8_t*>(p);
