@@ -1,6 +1,7 @@
 #include "frugal/optim/quantize.h"
 
 #include "adam_scalars.h"
+#include "bf16_avx2.h"
 #include "quantize_kernel.h"
 #include "rounding_noise.h"
 
@@ -462,10 +463,21 @@ void narrow_bf16_portable(const float* in, uint16_t* out, int64_t count, bool st
   narrow_bf16_body(in, out, count, stochastic, seed, first);
 }
 #if FRUGAL_X86_KERNELS
-// The same loop compiled for AVX2, where the hash's 32-bit multiplies vectorise.
+// The same eight lanes at a time (bf16_avx2.h: the dense kernels' stores), the rest as above.
 __attribute__((target("avx2"))) void narrow_bf16_avx2(const float* in, uint16_t* out, int64_t count, bool stochastic, uint64_t seed,
                                                       int64_t first) {
-  narrow_bf16_body(in, out, count, stochastic, seed, first);
+  int64_t j = 0;
+  if (stochastic) {
+    for (; j + 8 <= count; j += 8) bf16_avx2::store_stochastic(out + j, _mm256_loadu_ps(in + j), seed, first + j);
+  } else {
+    for (; j + 8 <= count; j += 8) bf16_avx2::store_nearest(out + j, _mm256_loadu_ps(in + j));
+  }
+  narrow_bf16_body(in + j, out + j, count - j, stochastic, seed, first + j);
+}
+
+// widen_bf16 for a whole block (a multiple of 8 values).
+__attribute__((target("avx2"))) void widen_bf16_avx2(const uint16_t* in, float* out, int64_t block) {
+  for (int64_t j = 0; j < block; j += 8) _mm256_store_ps(out + j, bf16_avx2::load(in + j));
 }
 #endif
 
@@ -496,8 +508,16 @@ void adam_block(const BlockStep& step, int64_t b, bool vector) {
     widened.begin = base;
     widened.p = step.pb ? pw : step.p + (base - step.begin);
     widened.g = step.gb ? gw : step.g + (base - step.begin);
-    if (step.pb) widen_bf16(step.pb + (base - step.begin), pw, count, block);
-    if (step.gb) widen_bf16(step.gb + (base - step.begin), gw, count, block);
+#if FRUGAL_X86_KERNELS
+    if (vector) {
+      if (step.pb) widen_bf16_avx2(step.pb + (base - step.begin), pw, block);
+      if (step.gb) widen_bf16_avx2(step.gb + (base - step.begin), gw, block);
+    } else
+#endif
+    {
+      if (step.pb) widen_bf16(step.pb + (base - step.begin), pw, count, block);
+      if (step.gb) widen_bf16(step.gb + (base - step.begin), gw, count, block);
+    }
   }
   const BlockStep& s = bf16 ? widened : step;
   alignas(32) float m[256], v[256];
