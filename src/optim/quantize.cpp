@@ -13,6 +13,7 @@
 #include "../precision/x86_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -601,13 +602,26 @@ void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel k)
   const int64_t whole = std::min(last, s.numel / s.block);
   const bool avx512 = k == QuantKernel::avx512 && s.block % 64 == 0 && s.m512 && s.v512;
   const bool avx2 = (k == QuantKernel::avx2 || (k == QuantKernel::avx512 && !avx512)) && s.block % 32 == 0;
-  at::parallel_for(first, last, 64, [&](int64_t b0, int64_t b1) {
+  auto run = [&](int64_t b0, int64_t b1) {
     int64_t b = b0;
     if (avx512 && b < std::min(b1, whole)) {
       adam_blocks_avx512(s, b, std::min(b1, whole));
       b = std::min(b1, whole);
     }
     for (; b < b1; ++b) adam_block<Bits>(s, b, avx2 && b < whole);
+  };
+  // The threads take kTask blocks at a time from a shared counter rather than equal shares fixed up
+  // front: a thread that the state window's reader or writer (or anything else) preempts then does
+  // less, instead of the others waiting for it at the end. Blocks are independent: same bits.
+  constexpr int64_t kTask = 64;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (last - first + kTask - 1) / kTask);
+  if (threads <= 1 || at::in_parallel_region()) {
+    run(first, last);
+    return;
+  }
+  std::atomic<int64_t> next{first};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t b0 = next.fetch_add(kTask); b0 < last; b0 = next.fetch_add(kTask)) run(b0, std::min(last, b0 + kTask));
   });
 }
 
