@@ -597,7 +597,7 @@ void adam_block(const BlockStep& step, int64_t b, bool vector) {
 }
 
 template <int Bits>
-void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel k) {
+void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel k, bool shared_counter) {
   // Whole blocks are [first, whole); a short last block takes the portable path.
   const int64_t whole = std::min(last, s.numel / s.block);
   const bool avx512 = k == QuantKernel::avx512 && s.block % 64 == 0 && s.m512 && s.v512;
@@ -610,9 +610,15 @@ void adam_blocks(const BlockStep& s, int64_t first, int64_t last, QuantKernel k)
     }
     for (; b < b1; ++b) adam_block<Bits>(s, b, avx2 && b < whole);
   };
-  // The threads take kTask blocks at a time from a shared counter rather than equal shares fixed up
-  // front: a thread that the state window's reader or writer (or anything else) preempts then does
-  // less, instead of the others waiting for it at the end. Blocks are independent: same bits.
+  if (!shared_counter) {
+    at::parallel_for(first, last, 64, run);
+    return;
+  }
+  // Through the state window, the threads take kTask blocks at a time from a shared counter rather
+  // than equal shares fixed up front: a thread that the window's reader or writer preempts then
+  // does less, instead of the others waiting for it at the end. Blocks are independent: same bits.
+  // (State in memory keeps the fixed shares: there, at 7B, the counter's interleaved tasks were
+  // not faster.)
   constexpr int64_t kTask = 64;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), (last - first + kTask - 1) / kTask);
   if (threads <= 1 || at::in_parallel_region()) {
@@ -661,10 +667,11 @@ void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, Quanti
     s.v512 = avx512_code_tables(s.vmap, s.vb, v.bits(), v.is_signed());
   }
   const int64_t first = begin / s.block, last = (end + s.block - 1) / s.block;
+  const bool windowed = m_codes && v_codes;  // the state window's I/O threads share the cores
   if (m.bits() == 8) {
-    adam_blocks<8>(s, first, last, k);
+    adam_blocks<8>(s, first, last, k, windowed);
   } else {
-    adam_blocks<4>(s, first, last, k);
+    adam_blocks<4>(s, first, last, k, windowed);
   }
 }
 
