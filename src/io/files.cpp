@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -322,6 +324,29 @@ bool is_regular_file(const std::string& path) {
 bool path_exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
+}
+
+int64_t free_space(const std::string& path) {
+  std::string at = path.empty() ? "." : path;
+  for (;;) {
+    struct statvfs fs {};
+    if (::statvfs(at.c_str(), &fs) == 0) {
+      const double bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+      return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+    }
+    if (errno != ENOENT && errno != ENOTDIR) return -1;
+    while (at.size() > 1 && at.back() == '/') at.pop_back();  // "a/b/" is "a/b"
+    const size_t slash = at.find_last_of('/');
+    if (slash == std::string::npos) {
+      if (at == ".") return -1;
+      at = ".";  // a relative path's first part: the working folder's file system
+    } else if (slash == 0) {
+      if (at == "/") return -1;
+      at = "/";
+    } else {
+      at.resize(slash);
+    }
+  }
 }
 
 void make_directories(const std::string& dir) {

@@ -137,6 +137,13 @@ StaticBytes parameters_and_state(const Recipe& r, const std::vector<int64_t>& nu
       est.state_fp32_fallback_params += n;
     }
   }
+  // A checkpoint holds the weights and every parameter's whole state (all ranks' shards).
+  int64_t saved_state = 0;
+  for (int64_t n : numels) {
+    saved_state =
+        checked_add(saved_state, optim::state_bytes_for_parameter(n, r.dtype, r.optimizer).total, "a checkpoint's optimizer state");
+  }
+  est.checkpoint_tensor_bytes = checked_add(out.parameters, saved_state, "a checkpoint");
   // File placement: the state in files is not memory; the window's buffers are (kStateWindowSlots
   // of the largest chunk, made with the first state), and paths other than the fused CPU kernels
   // map a chunk in within the update besides (update_temporary_bytes counts it there).

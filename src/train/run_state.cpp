@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,6 +36,8 @@ std::string step_name(int64_t step) {
   std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
   return buf;
 }
+
+bool is_step_folder_name(const std::string& n) { return n.rfind("step-", 0) == 0 && n.size() == 13; }
 
 // One rank's optimizer file in a checkpoint of a data-parallel run.
 std::string shard_file_name(int64_t rank, int64_t world_size) {
@@ -173,7 +176,7 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
   if (DIR* dir = ::opendir(out_dir.c_str())) {
     while (dirent* e = ::readdir(dir)) {
       const std::string n = e->d_name;
-      if (n.rfind("step-", 0) == 0 && n.size() == 13) steps.push_back(n);
+      if (is_step_folder_name(n)) steps.push_back(n);
     }
     ::closedir(dir);
   }
@@ -182,6 +185,60 @@ std::string save_run_state(const std::string& out_dir, const RunState& state, mo
     if (steps[i] != name) io::remove_tree(out_dir + "/" + steps[i]);
   }
   return final_dir;
+}
+
+int64_t checkpoint_bytes(int64_t tensor_bytes, const std::string& tokenizer_path) {
+  struct stat st {};
+  const int64_t tokenizer = !tokenizer_path.empty() && ::stat(tokenizer_path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+  return tensor_bytes + 2 * tokenizer + (int64_t{1} << 20);
+}
+
+namespace {
+
+// The sizes of the files directly in `dir` (a checkpoint folder is flat).
+int64_t folder_bytes(const std::string& dir) {
+  int64_t total = 0;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return 0;
+  while (dirent* e = ::readdir(d)) {
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) total += static_cast<int64_t>(st.st_size);
+  }
+  ::closedir(d);
+  return total;
+}
+
+}  // namespace
+
+int64_t checkpoint_space_needed(const std::string& out_dir, const std::vector<int64_t>& saves, int64_t bytes, int64_t keep) {
+  std::map<std::string, int64_t> on_disk;  // step folder -> bytes, in save_run_state's pruning order
+  if (DIR* dir = ::opendir(out_dir.c_str())) {
+    while (dirent* e = ::readdir(dir)) {
+      const std::string n = e->d_name;
+      if (is_step_folder_name(n)) on_disk[n] = folder_bytes(out_dir + "/" + n);
+    }
+    ::closedir(dir);
+  }
+  int64_t grown = 0, most = 0;
+  for (int64_t step : saves) {
+    const std::string name = step_name(step);
+    grown += bytes;  // the new folder, whole, beside a same-step one
+    most = std::max(most, grown);
+    const auto same = on_disk.find(name);
+    if (same != on_disk.end()) grown -= same->second;
+    on_disk[name] = bytes;
+    // The oldest size - keep folders go, the one just written excepted.
+    int64_t over = static_cast<int64_t>(on_disk.size()) - keep;
+    for (auto it = on_disk.begin(); over > 0 && it != on_disk.end(); --over) {
+      if (it->first == name) {
+        ++it;
+        continue;
+      }
+      grown -= it->second;
+      it = on_disk.erase(it);
+    }
+  }
+  return most;
 }
 
 namespace {

@@ -88,8 +88,54 @@ class Trainer {
         throw RecipeError(std::string("optimizer.state_dir: ") + e.what());
       }
     }
+    check_checkpoint_space();
     result_.world_size = dp_.world_size;
     result_.total_steps = r_.steps;
+  }
+
+  // The checkpoints this run will write must fit in train.out_dir: found before the model is made
+  // and step 0 runs, not when the last step is done (a save that fails leaves nothing behind).
+  // Every rank asks the file system and all refuse when one does.
+  void check_checkpoint_space() {
+    remove_stale_checkpoint_temps(r_.out_dir);  // a killed save's folder is no checkpoint to keep
+    int64_t start = 0;
+    if (options_.resume()) {
+      try {
+        const std::string latest = latest_checkpoint(r_.out_dir);
+        if (!latest.empty()) start = read_trainer_state(latest, r_.steps).step;
+      } catch (const std::invalid_argument&) {
+        // resume() refuses the damaged checkpoint with its own sentence
+      }
+    }
+    const int64_t stop = options_.stop_after() >= 0 ? std::min(options_.stop_after(), r_.steps) : r_.steps;
+    if (start >= stop) return;
+    // The saves: every checkpoint_interval steps and at the stop. Once keep + 1 are on disk and the
+    // step folders found there pruned, each further save grows out_dir as the one before, so the
+    // first keep + 64 and the last are enough (a keep past 2^20 is taken as keeping them all).
+    const int64_t keep = r_.keep_checkpoints, one = checkpoint_bytes(result_.estimate.checkpoint_tensor_bytes, data_.tokenizer_path);
+    const int64_t interval = r_.checkpoint_interval;
+    const int64_t periodic = interval > 0 ? (stop - 1) / interval - start / interval : 0;  // multiples in (start, stop)
+    int64_t need = 0;
+    if (keep < (int64_t{1} << 20)) {
+      std::vector<int64_t> saves;
+      for (int64_t k = 1; k <= std::min(periodic, keep + 64); ++k) saves.push_back((start / interval + k) * interval);
+      saves.push_back(stop);
+      need = checkpoint_space_needed(r_.out_dir, saves, one, keep);
+    } else {
+      const int64_t count = std::min(periodic + 1, keep + 1);
+      need = count > INT64_MAX / std::max<int64_t>(one, 1) ? INT64_MAX : count * one;
+    }
+    const int64_t free = io::free_space(r_.out_dir);
+    int64_t short_of = free >= 0 && need > free ? 1 : 0;
+    if (group_) {
+      for (int64_t v : group_->allgather({short_of}, "the check of train.out_dir's free space")) short_of = std::max(short_of, v);
+    }
+    if (!short_of) return;
+    const int64_t at_once = std::min(periodic + 1, keep + 1);
+    throw RecipeError("train.out_dir: " + r_.out_dir + " has " + (free >= 0 ? io::human_bytes(free) : std::string("too little")) +
+                      " free; the checkpoints of this run need " + io::human_bytes(need) + " there (" + std::to_string(at_once) +
+                      " of about " + io::human_bytes(one) + " at once with train.keep_checkpoints " + std::to_string(keep) +
+                      "): free space there, lower train.keep_checkpoints or choose another train.out_dir");
   }
 
   // Text: the token file's training and validation splits must each hold one window.

@@ -334,3 +334,33 @@ TEST(RunState, StaleTemporaryCheckpointFoldersOfDeadProcessesAreRemoved) {
   EXPECT_EQ(train::remove_stale_checkpoint_temps(out + "/missing"), 0);
   io::remove_tree(out);
 }
+
+// The growth of out_dir over a run's saves, as save_run_state writes and prunes (the trainer
+// refuses a run before step 0 when its file system has less free).
+TEST(RunState, CheckpointSpaceIsKeepPlusOneCheckpointsLessWhatPruningFolders) {
+  const std::string out = temp_path("space");
+  io::remove_tree(out);
+  // An empty (here: missing) out_dir: keep + 1 on disk at once, or every save when fewer.
+  EXPECT_EQ(train::checkpoint_space_needed(out, {2, 4, 6, 8}, 100, 2), 300);
+  EXPECT_EQ(train::checkpoint_space_needed(out, {2, 4, 6, 8}, 100, 1), 200);
+  EXPECT_EQ(train::checkpoint_space_needed(out, {2, 4}, 100, 5), 200);
+  EXPECT_EQ(train::checkpoint_space_needed(out, {8}, 100, 1), 100);
+  // Folders already there free their own size when pruned: here 1000 bytes, so after the first
+  // save out_dir shrinks and only that save counts.
+  io::make_directories(out + "/step-00000002");
+  io::write_file_atomic(out + "/step-00000002/model.safetensors", std::string(1000, 'x'));
+  EXPECT_EQ(train::checkpoint_space_needed(out, {4, 6, 8}, 100, 1), 100);
+  // ...but with keep 2 it stays: three folders at the second save.
+  EXPECT_EQ(train::checkpoint_space_needed(out, {4, 6, 8}, 100, 2), 200);
+  // A folder of the same step is replaced only once the new one is whole: both at once.
+  io::make_directories(out + "/step-00000004");
+  io::write_file_atomic(out + "/step-00000004/model.safetensors", std::string(50, 'x'));
+  EXPECT_EQ(train::checkpoint_space_needed(out, {4}, 100, 3), 100);
+  // A folder newer than the run's saves outlives them (pruning goes by name): the run's own
+  // older ones go first.
+  io::remove_tree(out);
+  io::make_directories(out + "/step-00000100");
+  io::write_file_atomic(out + "/step-00000100/model.safetensors", std::string(10, 'x'));
+  EXPECT_EQ(train::checkpoint_space_needed(out, {2, 4, 6}, 100, 1), 200);
+  io::remove_tree(out);
+}

@@ -586,3 +586,53 @@ TEST(Trainer, PlainLoopWithoutScopesGivesTheTrainersBreakdown) {
     EXPECT_GT(plain.activation, 0);
   }
 }
+
+// The checkpoints a run will write must fit in train.out_dir: a run whose saves cannot is refused
+// before the model is made (it used to train to the end and fail writing its checkpoint).
+TEST(Trainer, RefusesARunWhoseCheckpointsCannotFitBeforeStepZero) {
+  // Keeping every one of 2^24 checkpoints of at least 1 MiB: 16 TiB, more than any disk here.
+  const auto recipe = tiny_recipe("no_room", {"train.steps=16777216", "train.checkpoint_interval=1", "train.keep_checkpoints=16777216"});
+  try {
+    train::run_training(recipe, train::TrainOptions().sample(false), quiet);
+    FAIL() << "a run whose checkpoints cannot fit was started";
+  } catch (const train::RecipeError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find("train.out_dir: " + recipe.out_dir + " has "), 0u) << m;
+    EXPECT_NE(m.find(" free; the checkpoints of this run need "), std::string::npos) << m;
+    EXPECT_NE(m.find("at once with train.keep_checkpoints 16777216"), std::string::npos) << m;
+  }
+  EXPECT_TRUE(train::latest_checkpoint(recipe.out_dir).empty());
+  io::remove_tree(recipe.out_dir);
+}
+
+// What the check counts for one checkpoint, against the folders written, in each state precision.
+TEST(Trainer, CheckpointBytesCountTheFolderWritten) {
+  for (const std::vector<std::string>& o : std::vector<std::vector<std::string>>{
+           {"optimizer.state_precision=fp32"},
+           {"optimizer.state_precision=int8"},
+           {"optimizer.state_precision=int4", "optimizer.state_placement=file", "optimizer.state_dir=" + ::testing::TempDir()}}) {
+    SCOPED_TRACE(o.front());
+    std::vector<std::string> overrides = o;
+    for (const char* k : {"train.steps=2", "schedule.warmup_steps=1", "train.eval_interval=0"}) overrides.push_back(k);
+    const auto recipe = tiny_recipe("ckpt_bytes", overrides);
+    io::remove_tree(recipe.out_dir);
+    const auto r = train::run_training(recipe, train::TrainOptions().sample(false), quiet);
+    int64_t tensors = 0, all = 0;
+    if (DIR* dir = ::opendir(r.checkpoint.c_str())) {
+      while (const dirent* e = ::readdir(dir)) {
+        struct stat st {};
+        const std::string name = e->d_name;
+        if (::stat((r.checkpoint + "/" + name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        all += st.st_size;
+        if (name == "model.safetensors" || name == "optimizer.safetensors") tensors += st.st_size;
+      }
+      ::closedir(dir);
+    }
+    const int64_t counted = r.estimate.checkpoint_tensor_bytes;
+    ASSERT_GT(counted, 0);
+    // the tensors' bytes to 3% (the files add their headers and the step counts)
+    EXPECT_NEAR(static_cast<double>(tensors), static_cast<double>(counted), 0.03 * static_cast<double>(counted));
+    EXPECT_LE(all, train::checkpoint_bytes(counted, recipe.tokenizer));
+    io::remove_tree(recipe.out_dir);
+  }
+}

@@ -74,6 +74,9 @@ std::string printable(const std::string& bytes, size_t max_bytes = 64);
 
 bool is_regular_file(const std::string& path);
 bool path_exists(const std::string& path);
+// The bytes an unprivileged writer may still add to the file system holding `path` or, while it
+// does not exist yet, its nearest existing parent folder; -1 when none can be asked.
+int64_t free_space(const std::string& path);
 // Creates the folder and its missing parents; throws std::runtime_error when it cannot.
 void make_directories(const std::string& dir);
 // Removes a file or a folder and everything under it (symlinks themselves, never what they point

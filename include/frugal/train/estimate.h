@@ -32,6 +32,9 @@ struct MemoryEstimate {
                                        // placement's is not in optimizer_state, but for one window:
   int64_t state_window_bytes = 0;      // the window's buffers it is read into and written from (file placement)
   int64_t state_off_device_bytes = 0;  // optimizer state in host memory or files while training on a GPU
+  // One checkpoint's weights and optimizer state as saved (every rank's share): what a save adds
+  // to train.out_dir, less its small files (run_state.h: checkpoint_bytes).
+  int64_t checkpoint_tensor_bytes = 0;
   // 8- or 4-bit state asked for, fp32 kept: the tensors (this rank's parts of them) under
   // optim::StateOptions::min_quantized_numel elements, whose block scales would cost more than
   // the codes save (optim::effective_precision), and their elements.

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "frugal/dist/group.h"
 #include "frugal/models/decoder.h"
@@ -36,6 +37,17 @@ struct RunState {
 // file holds it.
 std::string save_run_state(const std::string& out_dir, const RunState& state, models::DecoderImpl& model, const optim::Optimizer& optimizer,
                            const std::string& recipe_yaml, const std::string& tokenizer_path, int64_t keep, dist::Group* group = nullptr);
+
+// The bytes one checkpoint takes: `tensor_bytes` (MemoryEstimate::checkpoint_tensor_bytes: the
+// weights and the optimizer state) and the small files beside them (config.json, trainer_state.json,
+// the recipe, the safetensors headers, the tokenizer), taken as twice tokenizer_path's size and 1 MiB.
+int64_t checkpoint_bytes(int64_t tensor_bytes, const std::string& tokenizer_path);
+
+// How much out_dir grows at most while a run saves checkpoints of `bytes` each after the steps
+// `saves` (ascending), as save_run_state does it: each written whole before a folder of the same
+// step is replaced and all but the newest `keep` are pruned; the step folders already there (their
+// files' sizes) are pruned among them and free what they take.
+int64_t checkpoint_space_needed(const std::string& out_dir, const std::vector<int64_t>& saves, int64_t bytes, int64_t keep);
 
 // Removes out_dir's checkpoint folders still under their temporary name (".step-N.tmp-PID") whose
 // writer is dead, as a kill mid-save leaves them; a live process's are left alone. Returns how many.
