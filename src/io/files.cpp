@@ -339,10 +339,10 @@ int64_t free_space(const std::string& path) {
     const size_t slash = at.find_last_of('/');
     if (slash == std::string::npos) {
       if (at == ".") return -1;
-      at = ".";  // a relative path's first part: the working folder's file system
+      at.assign(1, '.');  // a relative path's first part: the working folder's file system
     } else if (slash == 0) {
       if (at == "/") return -1;
-      at = "/";
+      at.assign(1, '/');
     } else {
       at.resize(slash);
     }

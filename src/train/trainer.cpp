@@ -107,7 +107,7 @@ class Trainer {
         // resume() refuses the damaged checkpoint with its own sentence
       }
     }
-    const int64_t stop = options_.stop_after() >= 0 ? std::min(options_.stop_after(), r_.steps) : r_.steps;
+    const int64_t stop = planned_stop();
     if (start >= stop) return;
     // The saves: every checkpoint_interval steps and at the stop. Once keep + 1 are on disk and the
     // step folders found there pruned, each further save grows out_dir as the one before, so the
@@ -310,7 +310,7 @@ class Trainer {
   // With options.resume: weights, optimizer state, schedule step and CPU RNG from the latest
   // checkpoint, so the run continues the uninterrupted trajectory bit for bit.
   void resume() {
-    remove_stale_checkpoint_temps(r_.out_dir);  // left by a run killed while writing a checkpoint
+    // (check_checkpoint_space removed the folders a run killed while saving left behind)
     if (options_.resume()) {
       const std::string latest = latest_checkpoint(r_.out_dir);
       if (!latest.empty()) {
@@ -333,9 +333,12 @@ class Trainer {
         log_("nothing to resume in " + r_.out_dir + ": starting from step 0");
       }
     }
-    stop_ = options_.stop_after() >= 0 ? std::min(options_.stop_after(), r_.steps) : r_.steps;
+    stop_ = planned_stop();
     result_.first_step = start_;
   }
+
+  // The step this run stops after: --stop-after or the recipe's last.
+  int64_t planned_stop() const { return options_.stop_after() >= 0 ? std::min(options_.stop_after(), r_.steps) : r_.steps; }
 
   // Resumed at or past where this run stops: there is nothing to train, evaluate or write.
   bool nothing_to_do() const { return options_.resume() && start_ > 0 && start_ >= stop_; }

@@ -304,3 +304,18 @@ TEST(FilesTempDir, TheFoldersOfDeadProcessesAreRemovedOthersKept) {
   EXPECT_TRUE(io::path_exists(other));
   io::remove_tree(base);
 }
+
+// Free space is asked of the folder, or of its nearest existing parent while it does not exist yet
+// (a run's train.out_dir before its first checkpoint).
+TEST(Files, FreeSpaceOfAMissingFolderIsItsNearestParentsFileSystems) {
+  const std::string dir = ::testing::TempDir();
+  const int64_t here = frugal::io::free_space(dir);
+  ASSERT_GT(here, 0);
+  for (const std::string& missing : {dir + "/frugal_no_such/a/b/", dir + "/frugal_no_such"}) {
+    const int64_t there = frugal::io::free_space(missing);
+    EXPECT_GT(there, 0) << missing;
+    EXPECT_LT(std::llabs(there - here), int64_t{1} << 30) << missing;  // the same file system, give or take other writers
+  }
+  EXPECT_GT(frugal::io::free_space("frugal_no_such_relative/x"), 0);  // the working folder's
+  EXPECT_GT(frugal::io::free_space(""), 0);
+}
