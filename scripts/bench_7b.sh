@@ -123,9 +123,14 @@ for r in runs:
           f" tracker's peak {gib(r['peak_bytes']):.2f} GiB = {100 * r['peak_bytes'] / est:.1f}% of the estimate"
           f" (target 90-110%: {'met' if abs(r['peak_bytes'] / est - 1) <= 0.10 else 'MISSED'});"
           f" untracked {gib(r['peak_rss_bytes'] - r['peak_bytes']):.2f} GiB")
-    print(f"  step {r['step_time_s']:.1f} s (median) = forward {b['forward']:.1f} + backward with recompute"
-          f" {b['backward_with_recompute']:.1f} + optimizer {b['optimizer']:.1f} (of it waiting for the state file"
-          f" {b['state_io']:.1f}) s, {b['optimizer'] * 1e9 / r['n_params']:.2f} ns a parameter;"
+    if b.get("updates_overlapped"):  # optimizer.update_threads: the updates ran beside backward
+        parts = (f" {b['backward_with_recompute']:.1f} (beside it on the update thread: optimizer {b['optimizer']:.1f}, of it waiting"
+                 f" for the state file {b['state_io']:.1f}; backward waited {b['update_wait']:.1f} for the updates) s")
+    else:
+        parts = (f" {b['backward_with_recompute']:.1f} + optimizer {b['optimizer']:.1f} (of it waiting for the state file"
+                 f" {b['state_io']:.1f}) s")
+    print(f"  step {r['step_time_s']:.1f} s (median) = forward {b['forward']:.1f} + backward with recompute{parts},"
+          f" {b['optimizer'] * 1e9 / r['n_params']:.2f} ns a parameter;"
           f" {r['achieved_gflops']:.1f} GFLOP/s = {100 * r['achieved_gflops'] / max(r['matmul_gflops'], 1e-9):.0f}%"
           f" of bf16 matmul ({r['matmul_gflops']:.1f} GFLOP/s)")
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
@@ -156,8 +161,10 @@ runs = {n: json.load(open(f"{out}/{n}.json")) for n in names}
 pairs = sorted({int(n.rsplit("-", 1)[1]) for n in names})
 for n, r in runs.items():
     b = r["step_time_breakdown_s"]
+    beside = b.get("updates_overlapped")  # optimizer.update_threads: the updates ran beside backward
     print(f"{n}: step {r['step_time_s']:.1f} s (median of 3) = forward {b['forward']:.1f} + backward with recompute"
-          f" {b['backward_with_recompute']:.1f} + optimizer {b['optimizer']:.1f} (waiting for the state file {b['state_io']:.2f}) s,"
+          f" {b['backward_with_recompute']:.1f}" + (" (beside it: " if beside else " + ") + f"optimizer {b['optimizer']:.1f}"
+          f" (waiting for the state file {b['state_io']:.2f}" + (f"; backward waited {b['update_wait']:.2f}))" if beside else ")") + " s,"
           f" {b['optimizer'] * 1e9 / r['n_params']:.2f} ns a parameter; peak resident {r['peak_rss_bytes'] / 2**30:.2f} GiB")
 ratios = [runs[f"8bit-{i}"]["step_time_s"] / runs[f"4bit-memory-{i}"]["step_time_s"] for i in pairs]
 eight = statistics.median(runs[f"8bit-{i}"]["step_time_s"] for i in pairs)

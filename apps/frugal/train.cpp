@@ -124,6 +124,8 @@ train::StepTiming median_timing(const std::vector<train::StepTiming>& t) {
   m.backward_s = part(&train::StepTiming::backward_s);
   m.optimizer_s = part(&train::StepTiming::optimizer_s);
   m.state_io_s = part(&train::StepTiming::state_io_s);
+  m.update_wait_s = part(&train::StepTiming::update_wait_s);
+  m.updates_overlapped = !t.empty() && t.front().updates_overlapped;
   m.total_s = part(&train::StepTiming::total_s);
   return m;
 }
@@ -457,9 +459,16 @@ std::string run_summary(const train::Recipe& recipe, const train::TrainResult& r
   }
   if (!result.timings.empty()) {
     summary << "step time (median of " << result.timings.size() << "): " << format_seconds(f.step.total_s) << " = forward "
-            << format_seconds(f.step.forward_s) << " + backward with recompute " << format_seconds(f.step.backward_s) << " + optimizer "
-            << format_seconds(f.step.optimizer_s) << " (of which moving state " << format_seconds(f.step.state_io_s) << ") + the rest; "
-            << f.major_faults << " pages read from disk in " << result.timings.size() << " steps";
+            << format_seconds(f.step.forward_s) << " + backward with recompute " << format_seconds(f.step.backward_s);
+    if (f.step.updates_overlapped) {
+      summary << " (with the updates beside it on their own thread: optimizer " << format_seconds(f.step.optimizer_s)
+              << ", of which moving state " << format_seconds(f.step.state_io_s) << "; backward waited "
+              << format_seconds(f.step.update_wait_s) << " for them) + the rest; ";
+    } else {
+      summary << " + optimizer " << format_seconds(f.step.optimizer_s) << " (of which moving state " << format_seconds(f.step.state_io_s)
+              << ") + the rest; ";
+    }
+    summary << f.major_faults << " pages read from disk in " << result.timings.size() << " steps";
     if (f.matmul_gflops > 0) {
       std::snprintf(line, sizeof(line), "; %.1f GFLOP/s of matrix products, %.0f%% of this machine's %s matmul (%.1f GFLOP/s)",
                     f.step_gflops, 100 * f.step_gflops / std::max(f.matmul_gflops, 1e-9), train::dtype_name(result.compute_dtype),
@@ -501,7 +510,8 @@ std::string run_json(const train::Recipe& recipe, const train::TrainResult& resu
   }
   w.key("step_time_s").value(f.step.total_s).key("step_time_breakdown_s").begin_object();
   w.key("forward").value(f.step.forward_s).key("backward_with_recompute").value(f.step.backward_s);
-  w.key("optimizer").value(f.step.optimizer_s).key("state_io").value(f.step.state_io_s).end_object();
+  w.key("optimizer").value(f.step.optimizer_s).key("state_io").value(f.step.state_io_s);
+  w.key("updates_overlapped").value(f.step.updates_overlapped).key("update_wait").value(f.step.update_wait_s).end_object();
   w.key("major_page_faults").value(f.major_faults);
   w.key("compute_dtype").value(train::dtype_name(result.compute_dtype));
   w.key("achieved_gflops").value(f.step_gflops).key("matmul_gflops").value(f.matmul_gflops);
@@ -555,7 +565,7 @@ int run_train(int argc, char** argv) {
   if (flags.nproc > 1 && env) throw UsageError("--nproc starts its own ranks; leave it out when a launcher (torchrun) has set WORLD_SIZE");
   const int64_t world = env ? env->world_size : flags.nproc;
   try {
-    recipe.rows_per_rank(world);
+    recipe.check_data_parallel(world);
   } catch (const train::RecipeError& e) {
     throw UsageError(e.what());
   }

@@ -12,6 +12,9 @@
 #include "rounding_noise.h"
 
 #include <ATen/Parallel.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -206,6 +209,22 @@ bool cpu_supports(DenseKernel k) {
 }
 
 DenseKernel resolve(DenseKernel k) { return resolve_cpu_kernel(k, cpu_supports, dense_kernel_chosen(), "optimizer kernel"); }
+
+}  // namespace
+
+void use_intra_op_threads_on_this_thread(int threads) {
+  // A thread's first parallel loop sets its OpenMP count to ATen's global one, once for LibTorch's
+  // own loops and once for the inline ones compiled here: both happen first, so the count set last stays.
+  (void)at::get_num_threads();
+  at::parallel_for(0, 2, 1, [](int64_t, int64_t) {});
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+}
+
+namespace {
 
 // Threads over groups of 64 elements (a whole number of vectors per thread), at least 32K a thread.
 template <class Scalars>

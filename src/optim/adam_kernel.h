@@ -27,6 +27,10 @@ inline const char* dense_kernel_name(DenseKernel k) { return cpu_kernel_name(k);
 bool dense_kernel_supported(DenseKernel k);  // whether this processor can run that path
 DenseKernel dense_kernel_chosen();           // what automatic runs here
 
+// Makes ATen's parallel loops started on the calling thread use `threads` threads (OpenMP keeps
+// that count per thread; other threads keep theirs). For the optimizer's update thread.
+void use_intra_op_threads_on_this_thread(int threads);
+
 // How LibTorch's own fp32 CPU kernels round, checked once on 65536 values (from_blob buffers: no
 // allocation of LibTorch's): whether its sqrt is correctly rounded, as the kernel's is (Debian's
 // 1.13: the processor's instruction; PyPI's 2.x wheel: MKL's vector math, within an ulp but not the

@@ -17,6 +17,7 @@
 #include "frugal/checkpoint/checkpoint.h"
 #include "frugal/io/numbers.h"
 #include "frugal/io/tensor_values.h"
+#include "adam_kernel.h"
 #include "frugal/memory/tracker.h"
 #include "optimizer_impl.h"
 
@@ -75,6 +76,12 @@ void check_options(const OptimizerOptions& o) {
     bad("global-norm clipping needs every gradient before the first parameter is updated, which one in-backward "
         "pass cannot give; use clip global_norm_two_pass (exact, one more backward per step) or per_param_norm");
   }
+  if (o.update_threads() < 0) bad("update_threads must be >= 0, got " + std::to_string(o.update_threads()));
+  if (o.update_threads() > 0 && o.mode() != Mode::in_backward) {
+    bad("update_threads runs in-backward updates on a thread of their own, so it needs mode in_backward (standard mode "
+        "updates after backward, with every core)");
+  }
+  if (o.bytes_in_flight() < 0) bad("bytes_in_flight must be >= 0, got " + std::to_string(o.bytes_in_flight()));
   if (o.mode() == Mode::in_backward && o.accumulation_steps() > 1) {
     bad("in-backward mode updates each parameter during backward and frees its gradient, so gradients cannot be "
         "accumulated over " +
@@ -181,6 +188,15 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
       }
     }
   }
+  if (options.update_threads() > 0) {
+    for (const auto& p : impl_->params) {
+      if (!p.tensor.device().is_cpu()) {
+        throw std::invalid_argument("optimizer: update_threads runs the updates on a CPU thread beside backward, but parameter '" + p.name +
+                                    "' is on " + p.tensor.device().str() +
+                                    " (there the updates are kernels queued beside backward's already); set update_threads 0");
+      }
+    }
+  }
   // Both modes hook each parameter's AccumulateGrad node: standard mode only to tag the gradient
   // for the memory tracker (so .grad, and nothing else backward makes, is 'gradient').
   for (size_t i = 0; i < impl_->params.size(); ++i) {
@@ -195,6 +211,50 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& opt
 
 Optimizer::~Optimizer() {
   for (auto& h : impl_->hooks) h.accumulator->del_post_hook(h.key);
+  try {
+    impl_->finish_updates();
+  } catch (...) {  // an update failed after the last call that could say so; nothing is left to tell
+  }
+}
+
+void Optimizer::Impl::run_updates() {
+  use_intra_op_threads_on_this_thread(static_cast<int>(options.update_threads()));
+  Worker& w = *worker;
+  for (;;) {
+    Worker::Job job;
+    bool skip = false;
+    {
+      std::unique_lock<std::mutex> lock(w.mutex);
+      w.changed.wait(lock, [&] { return w.stop || !w.jobs.empty(); });
+      if (w.jobs.empty()) return;
+      job = std::move(w.jobs.front());
+      w.jobs.pop_front();
+      skip = w.error || w.stop;  // after a failure the rest are dropped, as a failed backward drops them
+    }
+    const int64_t bytes = job.grad.numel() * static_cast<int64_t>(job.grad.element_size());
+    std::exception_ptr error;
+    {
+      // The posting thread's tracker scope and phase: the update's allocations, and the gradient's
+      // free below, are seen as if the hook had made them.
+      at::ThreadLocalStateGuard state(*job.state);
+      if (!skip) {
+        try {
+          at::NoGradGuard no_grad;
+          clip_and_update(params[job.index], job.grad, *job.hyper);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      job.grad = at::Tensor();
+    }
+    {
+      std::lock_guard<std::mutex> lock(w.mutex);
+      if (error && !w.error) w.error = error;
+      w.bytes -= bytes;
+      --w.held;
+    }
+    w.changed.notify_all();
+  }
 }
 
 void Optimizer::backward(const at::Tensor& loss) {
@@ -227,14 +287,22 @@ void Optimizer::backward(const at::Tensor& loss) {
     try {
       loss.backward();
       if (s.exchange) s.settle();
+      s.finish_updates();
     } catch (...) {
+      s.finish_updates_quietly();
       s.norm_ready = false;
       throw;
     }
     s.norm_ready = false;
     return;
   }
-  loss.backward();
+  try {
+    loss.backward();
+  } catch (...) {
+    s.finish_updates_quietly();  // nothing updates behind the caller's back once backward has failed
+    throw;
+  }
+  s.finish_updates();
   if (s.exchange && s.options.mode() == Mode::in_backward) s.settle();
 }
 
@@ -243,7 +311,8 @@ bool Optimizer::step() {
   if (++s.micro_steps % s.options.accumulation_steps() != 0) return false;
   memory::ImplicitPhase phase(memory::Phase::optimizer);
   if (s.options.mode() == Mode::in_backward) {
-    if (s.exchange) s.settle();  // loss.backward() was called directly
+    s.finish_updates();          // loss.backward() was called directly
+    if (s.exchange) s.settle();  // likewise
     ++s.steps_taken;
     memory::mark_step_if_implicit(s.steps_taken);
     return true;
@@ -296,6 +365,7 @@ bool Optimizer::step() {
 }
 
 void Optimizer::zero_grad() {
+  impl_->finish_updates();
   if (impl_->micro_steps % impl_->options.accumulation_steps() != 0) return;  // still accumulating
   for (auto& p : impl_->params) p.tensor.mutable_grad().reset();
 }
@@ -309,6 +379,11 @@ void Optimizer::set_lr(size_t group, double lr) {
   impl_->group_lr.at(group) = lr;
 }
 void Optimizer::set_exchange(std::shared_ptr<Exchange> exchange) {
+  if (exchange && impl_->options.update_threads() > 0) {
+    throw std::invalid_argument(
+        "optimizer: update_threads cannot be used with data parallel (its hooks average each gradient before the update); "
+        "set update_threads 0");
+  }
   if (impl_->exchange) impl_->settle();
   impl_->exchange = std::move(exchange);
   for (size_t i = 0; i < impl_->params.size(); ++i) {
@@ -335,11 +410,13 @@ std::vector<int64_t> Optimizer::parameter_numels() const {
 }
 void Optimizer::set_bytes_in_flight(int64_t bytes) {
   TORCH_CHECK(bytes >= 0, "optimizer: bytes in flight must be >= 0, got ", bytes);
-  impl_->bytes_in_flight = bytes;
+  impl_->finish_updates();
+  impl_->options.bytes_in_flight(bytes);
 }
 double Optimizer::last_grad_norm() const { return impl_->last_grad_norm; }
 double Optimizer::update_seconds() const { return impl_->update_seconds; }
 double Optimizer::state_transfer_seconds() const { return impl_->state_transfer_seconds; }
+double Optimizer::update_wait_seconds() const { return impl_->worker ? impl_->worker->wait_seconds : 0.0; }
 int64_t Optimizer::steps_taken() const { return impl_->steps_taken; }
 
 StatePrecision Optimizer::state_precision(size_t i) const {
@@ -348,6 +425,7 @@ StatePrecision Optimizer::state_precision(size_t i) const {
 }
 
 int64_t Optimizer::state_bytes() const {
+  impl_->finish_updates();
   int64_t total = 0;
   for (const auto& p : impl_->params) {
     for (const at::Tensor* t : {&p.state.exp_avg, &p.state.exp_avg_sq, &p.state.momentum_buffer}) {

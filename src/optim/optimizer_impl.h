@@ -4,14 +4,20 @@
 // src/optim.
 #pragma once
 
+#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "frugal/memory/tracker.h"
@@ -85,7 +91,6 @@ struct Optimizer::Impl {
   };
   std::deque<Pending> pending;  // in-backward: gradients being averaged, oldest first
   int64_t pending_bytes = 0;
-  int64_t bytes_in_flight = kDefaultBytesInFlight;
   std::vector<Exchange::Wait> shares;  // owners' updated parameters on their way to the other ranks
 
   bool owns(size_t i) const { return !exchange || exchange->owns(i); }
@@ -100,14 +105,15 @@ struct Optimizer::Impl {
     }
     shares.push_back(exchange->share_parameter(i, p.tensor));
   }
-  void clip_and_update(Param& p, const at::Tensor& grad) {
+  void clip_and_update(Param& p, const at::Tensor& grad) { clip_and_update(p, grad, hyper(p.group)); }
+  void clip_and_update(Param& p, const at::Tensor& grad, const Hyper& h) {
     const at::Tensor g = own(p, grad);
     if (options.clip() == Clip::global_norm_two_pass) {
       g.mul_(global_coef.to(g.scalar_type()));
     } else if (options.clip() == Clip::per_param_norm) {
       clip_per_param(p, g);
     }
-    update(p, grad);
+    update(p, grad, h);
   }
   // g: this rank's part of p's gradient; a split parameter's norm is summed over the ranks' slices.
   void clip_per_param(const Param& p, const at::Tensor& g) {
@@ -150,13 +156,14 @@ struct Optimizer::Impl {
     return h;
   }
 
-  void update(Param& p, const at::Tensor& grad) {
+  void update(Param& p, const at::Tensor& grad) { update(p, grad, hyper(p.group)); }
+  void update(Param& p, const at::Tensor& grad, const Hyper& h) {
     memory::CategoryScope scope(memory::Category::optimizer_state);
     const auto t0 = std::chrono::steady_clock::now();
     auto moved = [&p] { return (p.state.m ? p.state.m->transfer_seconds() : 0.0) + (p.state.v ? p.state.v->transfer_seconds() : 0.0); };
     const double moved_before = moved();
     at::Tensor target = own(p, p.tensor);
-    apply_update(hyper(p.group), p.state, target, own(p, grad));
+    apply_update(h, p.state, target, own(p, grad));
     if (p.state.m && p.state.m->windowed()) read_ahead_after(static_cast<size_t>(&p - params.data()));
     update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state_transfer_seconds += moved() - moved_before;
@@ -199,6 +206,88 @@ struct Optimizer::Impl {
     }
   }
 
+  // In-backward updates on a thread of their own (OptimizerOptions::update_threads): the hook hands
+  // each completed gradient over and backward goes on; the thread updates in the order handed.
+  struct Worker {
+    struct Job {
+      size_t index = 0;
+      at::Tensor grad;
+      // As the hook would have used them: the group's lr and weight decay, and the stochastic
+      // rounding's seed drawn from the default generator in the hook (not on this thread, where
+      // the draw could fall inside a checkpointed block's recompute, which replays the generator).
+      std::optional<Hyper> hyper;
+      std::optional<at::ThreadLocalState> state;  // the posting thread's: tracker scope, phase, grad mode
+    };
+    std::mutex mutex;
+    std::condition_variable changed;  // a job was posted or finished, or the thread is to stop
+    std::deque<Job> jobs;             // waiting, oldest first
+    int64_t bytes = 0;                // gradients held: the waiting ones' and the one being updated
+    size_t held = 0;                  // how many
+    std::exception_ptr error;         // the first failed update's (the jobs after it are dropped)
+    bool stop = false;
+    double wait_seconds = 0;  // the posting thread's waits
+    std::thread thread;
+  };
+  std::unique_ptr<Worker> worker;
+
+  ~Impl() { stop_worker(); }
+  void stop_worker() {
+    if (!worker) return;
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      worker->stop = true;
+    }
+    worker->changed.notify_all();
+    if (worker->thread.joinable()) worker->thread.join();
+    worker.reset();
+  }
+  // Hands params[i]'s gradient to the update thread, then waits while more than bytes_in_flight
+  // are held (the new one alone always goes). Rethrows an earlier update's exception.
+  void post_update(size_t i, at::Tensor grad) {
+    if (!worker) {
+      worker = std::make_unique<Worker>();
+      worker->thread = std::thread([this] { run_updates(); });
+    }
+    Worker& w = *worker;
+    const int64_t bytes = grad.numel() * static_cast<int64_t>(grad.element_size());
+    std::unique_lock<std::mutex> lock(w.mutex);
+    take_error(lock);
+    Hyper h = hyper(params[i].group);
+    h.rounding_seed = rounding_seed(h, params[i].tensor);
+    w.jobs.push_back({i, std::move(grad), h, at::ThreadLocalState()});
+    w.bytes += bytes;
+    ++w.held;
+    w.changed.notify_all();
+    const auto t0 = std::chrono::steady_clock::now();
+    w.changed.wait(lock, [&] { return w.held <= 1 || w.bytes <= options.bytes_in_flight() || w.error; });
+    w.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    take_error(lock);
+  }
+  // Waits until every posted update is done; rethrows the first failed one's exception.
+  void finish_updates() {
+    if (!worker) return;
+    Worker& w = *worker;
+    std::unique_lock<std::mutex> lock(w.mutex);
+    const auto t0 = std::chrono::steady_clock::now();
+    w.changed.wait(lock, [&] { return w.held == 0; });
+    w.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    take_error(lock);
+  }
+  // The same after a failure of the caller's own: the first error is already on its way.
+  void finish_updates_quietly() {
+    try {
+      finish_updates();
+    } catch (...) {
+    }
+  }
+  void take_error(std::unique_lock<std::mutex>& /*held*/) {
+    if (!worker->error) return;
+    std::exception_ptr e = worker->error;
+    worker->error = nullptr;
+    std::rethrow_exception(e);
+  }
+  void run_updates();  // the update thread (optimizer.cpp)
+
   // The gradient of params[i] is complete (autograd accumulated it): it is a gradient from its
   // allocation on, for the tracker; in in-backward mode it is used and freed now.
   void on_gradient(size_t i) {
@@ -223,7 +312,7 @@ struct Optimizer::Impl {
       if (options.clip() == Clip::global_norm_two_pass && !norm_ready) throw_two_pass_needs_backward();
       pending.push_back({i, grad, exchange->average_gradient(i, grad)});
       pending_bytes += grad.numel() * static_cast<int64_t>(grad.element_size());
-      drain(bytes_in_flight);  // backward goes on while the newest are on their way
+      drain(options.bytes_in_flight());  // backward goes on while the newest are on their way
       return;
     }
     if (pass == Pass::measure_norm) {
@@ -231,6 +320,11 @@ struct Optimizer::Impl {
       norm_sq = norm_sq.defined() ? norm_sq + n * n : n * n;
     } else {
       if (options.clip() == Clip::global_norm_two_pass && !norm_ready) throw_two_pass_needs_backward();
+      if (options.update_threads() > 0) {
+        p.tensor.mutable_grad().reset();  // the update thread holds it until it is used
+        post_update(i, std::move(grad));
+        return;
+      }
       clip_and_update(p, grad);
     }
     p.tensor.mutable_grad().reset();  // the whole point: the gradient is gone as soon as it is used

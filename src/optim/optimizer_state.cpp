@@ -23,6 +23,7 @@ namespace frugal {
 namespace optim {
 
 TensorDict Optimizer::state_dict() const {
+  impl_->finish_updates();  // update_threads: the state as the last backward left it
   TensorDict out;
   for (const auto& p : impl_->params) {
     if (p.state.step == 0) continue;
@@ -305,6 +306,7 @@ void restore_parameter(Param& p, const TensorDict& f, const Hyper& h, bool adam,
 }  // namespace
 
 void Optimizer::load_state(const StateDictSource& source) {
+  impl_->finish_updates();
   std::map<std::string, Impl::Param*> by_name;
   for (auto& p : impl_->params) by_name[p.name] = &p;
   const bool adam = impl_->options.algorithm() != Algorithm::sgd;

@@ -26,6 +26,14 @@ std::optional<Algorithm> parse_algorithm(const std::string& name) {
   return std::nullopt;
 }
 
+std::optional<uint64_t> rounding_seed(const Hyper& h, const at::Tensor& param) {
+  if (!h.stochastic_rounding || param.scalar_type() != at::kBFloat16) return std::nullopt;
+  if (h.rounding_seed) return h.rounding_seed;
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get<at::CPUGeneratorImpl>()->random64();
+}
+
 at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Generator>& gen) {
   // bf16 is the top 16 bits of fp32: add a uniform 16-bit integer to the bit pattern and drop the
   // low 16 bits; values round up with probability equal to their distance from the lower one.
@@ -69,16 +77,13 @@ void adam_aten(const AdamStep& s, const at::Tensor& p, at::Tensor g, const at::T
   p.addcdiv_(m, denom, -s.lr / s.bias_correction1);
 }
 
-// How the fused kernels round a bf16 parameter: stochastically with one seed per update, drawn from
-// the default generator (which run checkpoints save), when asked; to nearest even otherwise.
+// How the fused kernels round a bf16 parameter: stochastically with one seed per update
+// (rounding_seed), when asked; to nearest even otherwise.
 Bf16Rounding rounding_of(const Hyper& h, const at::Tensor& param) {
   Bf16Rounding rounding;
-  rounding.stochastic = h.stochastic_rounding && param.scalar_type() == at::kBFloat16;
-  if (rounding.stochastic) {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rounding.seed = gen.get<at::CPUGeneratorImpl>()->random64();
-  }
+  const std::optional<uint64_t> seed = rounding_seed(h, param);
+  rounding.stochastic = seed.has_value();
+  rounding.seed = seed.value_or(0);
   return rounding;
 }
 
@@ -172,6 +177,12 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     }
     return;
   }
+  // Stochastic rounding's noise on the CPU from the update's one seed (so no other thread's use of
+  // the default generator comes between its chunks); on a GPU from the device's default generator.
+  c10::optional<at::Generator> noise;
+  if (cpu && !fp32_param && h.stochastic_rounding && param.scalar_type() == at::kBFloat16) {
+    noise = at::make_generator<at::CPUGeneratorImpl>(rounding_of(h, param).seed);
+  }
   for (int64_t b = 0; b < n; b += chunk) {
     const int64_t e = std::min(n, b + chunk);
     const Window window(state, b, e, /*slots=*/false);
@@ -182,7 +193,8 @@ void apply_buffered_adam(const Hyper& h, ParamState& state, at::Tensor& param, c
     state.m->store(b, e, m);
     state.v->store(b, e, v);
     if (!fp32_param)
-      p_view.copy_(h.stochastic_rounding && param.scalar_type() == at::kBFloat16 ? stochastic_round_bf16(p) : p.to(param.scalar_type()));
+      p_view.copy_(h.stochastic_rounding && param.scalar_type() == at::kBFloat16 ? stochastic_round_bf16(p, noise)
+                                                                                 : p.to(param.scalar_type()));
   }
 }
 

@@ -225,12 +225,25 @@ std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c
   const int64_t pending_head_temporary = head_grad_is_gradient ? 0 : pending_head;
   const int64_t pending_head_gradient = pending_head - pending_head_temporary;
   int64_t later_grads = tied ? pending_head_gradient : head_grad;
-  // Data parallel in in-backward mode: gradients wait for their averages until more than
-  // optim::kDefaultBytesInFlight are queued (optimizer.h); by a block's backward those completed so
-  // far (the later blocks', an untied head's), up to that bound.
+  // In-backward gradients held beyond the one in hand (optimizer.h): with data parallel those
+  // waiting for their averages, up to optimizer.bytes_in_flight; with optimizer.update_threads
+  // those waiting for or in their update on the update thread, up to bytes_in_flight or one
+  // gradient of any size. By a block's backward, of those completed so far (the later blocks', an
+  // untied head's) and, on the update thread, `within` bytes of the block's own completed by the
+  // moment (its MLP's, which that thread may still be updating while backward goes on).
+  const int64_t bound = r.optimizer.bytes_in_flight();
   const bool queued = in_backward && dp.world_size > 1;
-  int64_t completed = tied ? 0 : head_grad;
-  auto in_flight = [&] { return queued ? std::min(optim::kDefaultBytesInFlight, completed) : int64_t{0}; };
+  const bool threaded = in_backward && r.optimizer.update_threads() > 0;
+  int64_t completed = tied ? 0 : head_grad, largest_completed = completed;
+  auto in_flight = [&](int64_t within = 0) {
+    if (threaded) {
+      const int64_t largest = std::max(largest_completed, within > 0 ? a.block_largest_matrix : int64_t{0});
+      return std::min(checked_add(completed, within, "the gradients"), std::max(bound, largest));
+    }
+    return queued ? std::min(bound, completed) : int64_t{0};
+  };
+  // The update thread's temporaries beside backward's working set.
+  const int64_t beside = threaded ? optim::update_temporary_bytes(a.block_largest_matrix / e, r.dtype, r.device, r.optimizer) : 0;
   for (auto s = layout.segments.rbegin(); s != layout.segments.rend(); ++s) {
     int64_t prefix = 0;
     for (int64_t i = 0; i < s->begin; ++i) prefix = checked_add(prefix, layout.kept[static_cast<size_t>(i)], "the activations");
@@ -247,24 +260,25 @@ std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c
     const int64_t first_grad = first_made ? a.block_largest_matrix : 0;
     prefix = checked_add(prefix, packed_kept, "the activations");
     const int64_t block_gradients =
-        in_backward ? pending_head_gradient + in_flight() : checked_add(first_grad, later_grads, "the gradients");
+        in_backward ? pending_head_gradient + in_flight(first_grad) : checked_add(first_grad, later_grads, "the gradients");
     moments.push_back({"backward of block " + std::to_string(s->end - 1), checked_add(prefix, live, "the activations"),
                        checked_add(s->checkpointed ? a.block_backward_working_set : a.plain_block_backward_working_set,
-                                   pending_head_temporary + (in_backward ? 0 : first_low), "the temporaries"),
+                                   pending_head_temporary + (in_backward ? 0 : first_low) + beside, "the temporaries"),
                        block_gradients});
     if (a.swiglu_backward_working_set > 0) {  // the last block's SwiGLU, after down_proj's backward
       moments.push_back(
           {"SwiGLU's backward in block " + std::to_string(s->end - 1), prefix + live - a.swiglu_freed_before,
            checked_add(a.swiglu_backward_working_set, pending_head_temporary + (in_backward ? 0 : first_low), "the temporaries"),
-           block_gradients});
+           in_backward ? pending_head_gradient + in_flight(a.block_largest_matrix) : block_gradients});
     }
     if (a.attention_backward_working_set > 0) {  // the last block's attention, after its MLP's backward
       // In backward mode one (d, f) gradient is still live there, not yet used by its update (the
       // tracker shows it on the default recipe: one of the MLP's projections').
-      moments.push_back({"attention's backward in block " + std::to_string(s->end - 1), prefix + live - a.attention_freed_before,
-                         checked_add(a.attention_backward_working_set, pending_head_temporary, "the temporaries"),
-                         in_backward ? checked_add(block_gradients, a.block_largest_matrix, "the gradients")
-                                     : checked_add(later_grads, a.attention_gradients_before, "the gradients")});
+      moments.push_back(
+          {"attention's backward in block " + std::to_string(s->end - 1), prefix + live - a.attention_freed_before,
+           checked_add(a.attention_backward_working_set, pending_head_temporary, "the temporaries"),
+           in_backward ? checked_add(pending_head_gradient + in_flight(2 * a.block_largest_matrix), a.block_largest_matrix, "the gradients")
+                       : checked_add(later_grads, a.attention_gradients_before, "the gradients")});
     }
     if (in_backward) {
       moments.push_back({"update in block " + std::to_string(s->end - 1) + "'s backward", prefix + live,
@@ -274,6 +288,7 @@ std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c
     }
     later_grads = checked_add(later_grads, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
     completed = checked_add(completed, checked_mul(s->end - s->begin, a.block_params, "the gradients"), "the gradients");
+    largest_completed = std::max(largest_completed, a.block_largest_matrix);
   }
   //  the embedding's backward, last of all: its weight's gradient (V, H) is made, and with tied
   //  embeddings the head's pending gradient is summed with it -- into the head's where autograd sums
@@ -285,6 +300,7 @@ std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c
     Moment m{"backward of the embedding", packed_kept, 0,
              checked_add(others, tied && head_grad_is_gradient ? 0 : embedding_grad, "the gradients")};
     if (tied) m.temporary = checked_add(pending_head_temporary, embedding_grad, "the temporaries");
+    m.temporary = checked_add(m.temporary, beside, "the temporaries");
     if (in_backward && tied) m.gradient = checked_add(m.gradient, pending_head_gradient, "the gradients");
     moments.push_back(m);
     if (in_backward) {

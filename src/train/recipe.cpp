@@ -288,6 +288,20 @@ const std::vector<Field>& fields() {
        [](const Recipe& r) { return std::to_string(r.optimizer.state().window_bytes()); }, "bytes (67108864, 256MiB)",
        "state bytes mapped in at once under state_placement file"},
       BOOL_FIELD("optimizer.stochastic_rounding", r.optimizer.stochastic_rounding(), "round bf16 parameter updates stochastically"),
+      INT_FIELD("optimizer.update_threads", r.optimizer.update_threads(), 0, 1024,
+                "with optimizer.in_backward: 0 updates inside backward's hooks; N updates on a thread of their own with N "
+                "intra-op threads while backward goes on (one process only)"),
+      {"optimizer.bytes_in_flight",
+       [](Recipe& r, const std::string& v) {
+         const auto b = io::parse_bytes(v);
+         if (!b || *b < 0 || *b > models::kMaxSizeBytes) {
+           throw std::invalid_argument(io::bytes_range(0, models::kMaxSizeBytes) + " such as 4194304 or 512MiB");
+         }
+         r.optimizer.bytes_in_flight(*b);
+       },
+       [](const Recipe& r) { return std::to_string(r.optimizer.bytes_in_flight()); }, "bytes (4194304, 512MiB)",
+       "with optimizer.in_backward: gradients waiting for their update (update_threads) or average (data parallel) "
+       "before backward waits"},
       ENUM_FIELD("schedule.kind", r.schedule.kind(), optim::parse_schedule, optim::schedule_name, optim::kAllScheduleKinds,
                  "learning-rate schedule"),
       INT_FIELD("schedule.warmup_steps", r.schedule.warmup_steps(), 0, kMaxCount,
@@ -527,6 +541,15 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
         "there is nothing to accumulate into; accumulate in standard mode, or raise train.batch_size (with "
         "memory.checkpointing to keep the activations small)");
   }
+  if (r.optimizer.update_threads() > 0 && !r.device.is_cpu()) {
+    bad(shown("optimizer.update_threads") + " runs the updates on a CPU thread beside backward; on " + r.device.str() +
+        " they are kernels queued beside backward's already: set it to 0");
+  }
+  if (!r.in_backward() && r.optimizer.update_threads() > 0) {
+    bad(shown("optimizer.update_threads") +
+        " needs optimizer.in_backward=true: it runs the updates inside backward on a thread "
+        "of their own (standard mode updates after backward, with every core)");
+  }
   if (r.in_backward() && r.optimizer.clip() == optim::Clip::global_norm) {
     bad(shown("optimizer.clip") + " cannot run inside backward (" + shown("optimizer.in_backward") +
         ") in one pass; use global_norm_two_pass or per_param_norm");
@@ -558,6 +581,14 @@ void validate(Recipe& r, const std::string& source, const Overridden& overridden
 }
 
 }  // namespace
+
+void Recipe::check_data_parallel(int64_t world) const {
+  rows_per_rank(world);
+  if (world > 1 && optimizer.update_threads() > 0) {
+    throw RecipeError("optimizer.update_threads " + std::to_string(optimizer.update_threads()) + " cannot be used with " +
+                      std::to_string(world) + " ranks: data parallel averages each gradient in the hook before its update; set it to 0");
+  }
+}
 
 int64_t Recipe::rows_per_rank(int64_t world) const {
   if (world < 1 || batch_size % world != 0) {

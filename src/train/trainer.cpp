@@ -65,7 +65,7 @@ class Trainer {
     // the pools are sized for the run's precision, for the whole run (autocast.h).
     threads_ = std::make_unique<precision::ComputeThreadsGuard>(r_.device.type(), result_.compute_dtype);
     if (!threads_->describe().empty()) compute_line_ += "; " + threads_->describe();
-    if (group_) r_.rows_per_rank(group_->size());  // refused unless the batch splits evenly
+    if (group_) r_.check_data_parallel(group_->size());  // refused unless the batch splits evenly, and so on
     // Rank 0 makes the tokenizer and token file when they are missing; the others wait for them.
     if (group_ && group_->rank() != 0) group_->barrier("waiting for rank 0 to prepare the data");
     data_ = prepare_data(r_, log_);
@@ -370,6 +370,7 @@ class Trainer {
     auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
     StepTiming timing;
     const double update_before = optimizer_->update_seconds(), io_before = optimizer_->state_transfer_seconds();
+    const double wait_before = optimizer_->update_wait_seconds();
     const int64_t faults_before = memory::major_page_faults();
     memory::mark_step(step);
     const StepBatch b = batch(step);
@@ -436,7 +437,10 @@ class Trainer {
     timing.optimizer_s = optimizer_->update_seconds() - update_before;
     timing.state_io_s = optimizer_->state_transfer_seconds() - io_before;
     timing.major_faults = memory::major_page_faults() - faults_before;
-    if (r_.in_backward()) timing.backward_s = std::max(0.0, timing.backward_s - timing.optimizer_s);
+    timing.update_wait_s = optimizer_->update_wait_seconds() - wait_before;
+    timing.updates_overlapped = r_.optimizer.update_threads() > 0;
+    // Updates inside backward's hooks are part of its time; on their own thread they run beside it.
+    if (r_.in_backward() && !timing.updates_overlapped) timing.backward_s = std::max(0.0, timing.backward_s - timing.optimizer_s);
     timing.total_s = seconds_since(t0);
     timing.tokens = b.real_tokens;
     result_.timings.push_back(timing);

@@ -274,3 +274,16 @@ TEST(DataParallel, TwoRanksMatchOneProcessOnTheWholeBatch) {
     }
   }
 }
+
+// The update thread uses each gradient as it comes; data parallel averages it first in the hook:
+// the two together are refused when the exchange is set, with the option named.
+TEST(DataParallel, UpdateThreadsAreRefusedWithAnExchange) {
+  Model m(32, 0);
+  optim::Optimizer opt(m.named_parameters(), optim::OptimizerOptions().mode(optim::Mode::in_backward).update_threads(1));
+  try {
+    opt.set_exchange(std::make_shared<FixedRanges>(dist::assign_owners(opt.parameter_numels(), 2), 0, 2));
+    FAIL() << "update_threads with data parallel was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("update_threads cannot be used with data parallel"), std::string::npos) << e.what();
+  }
+}

@@ -1,6 +1,7 @@
 // frugal's optimizer: its updates equal torch::optim's, in-backward mode equals standard mode on a
 // real model (with and without checkpointing), param groups, clipping in both modes, accumulation,
-// the refusals, and state dicts that move between modes.
+// the refusals, state dicts that move between modes, and in-backward updates on a thread of their
+// own (the hook's bits, failures, the tracker's view).
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -9,7 +10,10 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
+#include <filesystem>
+
 #include "frugal/checkpoint/policy.h"
+#include "frugal/memory/tracker.h"
 #include "frugal/models/transformer_block.h"
 #include "frugal/optim/optimizer.h"
 #include "frugal/optim/schedule.h"
@@ -485,4 +489,161 @@ TEST(Optimizer, LossBackwardWithTwoPassClippingFailsWithOneSentence) {
   }
   const auto ps = m.parameters();
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(ps[i].equal(before[i]));
+}
+
+namespace {
+
+// Parameters and state bit for bit: an update thread must compute what the hook computes.
+void expect_same_bits(Model& a, optim::Optimizer& oa, Model& b, optim::Optimizer& ob) {
+  EXPECT_EQ(max_param_diff(a, b), 0.0);
+  const optim::TensorDict sa = oa.state_dict(), sb = ob.state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (const auto& [name, t] : sa) {
+    ASSERT_TRUE(sb.count(name)) << name;
+    EXPECT_TRUE(t.equal(sb.at(name))) << name;
+  }
+}
+
+std::string empty_state_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace
+
+// update_threads: the updates run on a thread of their own while backward goes on, and give the
+// hook's bits in every precision, placement (the window of a state file included), clipping and
+// algorithm, whatever the bound on gradients in flight (0: at most one held while backward runs;
+// 1 MiB: all of them) and the update thread's intra-op threads, through checkpointed blocks.
+TEST(Optimizer, UpdateThreadGivesTheHooksBits) {
+  const auto data = batches(4, 53);
+  const std::string dir = empty_state_dir("frugal_update_thread_state");
+  auto state = [&](optim::StatePrecision p, optim::StatePlacement where = optim::StatePlacement::device) {
+    return optim::StateOptions().precision(p).placement(where).min_quantized_numel(256).mmap_dir(dir).window_bytes(64 << 10);
+  };
+  struct Case {
+    const char* name;
+    OptimizerOptions options;
+    at::ScalarType dtype;
+  };
+  const auto adamw = OptimizerOptions().lr(3e-3).weight_decay(0.05).mode(Mode::in_backward);
+  const std::vector<Case> cases = {
+      {"adamw fp32", adamw, at::kFloat},
+      {"adamw int8, per-parameter clipping",
+       OptimizerOptions(adamw).state(state(optim::StatePrecision::int8)).clip(Clip::per_param_norm).max_grad_norm(0.05), at::kFloat},
+      {"adamw int4, two-pass clipping",
+       OptimizerOptions(adamw).state(state(optim::StatePrecision::int4)).clip(Clip::global_norm_two_pass).max_grad_norm(0.05), at::kFloat},
+      {"sgd momentum", OptimizerOptions().algorithm(Algorithm::sgd).lr(0.05).momentum(0.9).mode(Mode::in_backward), at::kFloat},
+      {"bf16 parameters, stochastic rounding, int8 in a file through a 64 KiB window",
+       OptimizerOptions(adamw).state(state(optim::StatePrecision::int8, optim::StatePlacement::file)).stochastic_rounding(true),
+       at::kBFloat16},
+  };
+  const auto full = checkpoint::CheckpointPolicy::parse("full");
+  for (const Case& c : cases) {
+    Model hooked(3, 32, 31);
+    hooked.to(c.dtype);
+    optim::Optimizer in_hook(hooked.named_parameters(), c.options);
+    run_steps(hooked, in_hook, in_dtype(data, c.dtype), full);
+    for (int64_t threads : {1, 2}) {
+      for (int64_t in_flight : {int64_t{0}, int64_t{1} << 20}) {
+        SCOPED_TRACE(std::string(c.name) + ", " + std::to_string(threads) + " threads, " + std::to_string(in_flight) + " bytes in flight");
+        Model threaded(3, 32, 31);
+        threaded.to(c.dtype);
+        optim::Optimizer beside(threaded.named_parameters(),
+                                OptimizerOptions(c.options).update_threads(threads).bytes_in_flight(in_flight));
+        run_steps(threaded, beside, in_dtype(data, c.dtype), full);
+        expect_same_bits(hooked, in_hook, threaded, beside);
+        for (const auto& p : threaded.parameters()) EXPECT_FALSE(p.grad().defined());  // every gradient used and freed
+        EXPECT_GT(beside.update_seconds(), 0.0);
+      }
+    }
+  }
+}
+
+// An update that fails on the update thread fails the backward that handed it over (not a later,
+// unrelated call), with its own message; nothing hangs, and once the cause is gone training goes on.
+TEST(Optimizer, UpdateThreadFailureComesOutOfBackward) {
+  const std::string dir = empty_state_dir("frugal_update_thread_gone");
+  Model m(2, 32, 5);
+  optim::Optimizer opt(
+      m.named_parameters(),
+      OptimizerOptions()
+          .mode(Mode::in_backward)
+          .update_threads(1)
+          .bytes_in_flight(1 << 20)
+          .state(optim::StateOptions().precision(optim::StatePrecision::int8).placement(optim::StatePlacement::file).mmap_dir(dir)));
+  std::filesystem::remove_all(dir);  // the state files are made at the first update: there is nowhere to make them
+  const auto x = batches(1, 3)[0];
+  try {
+    opt.backward(m.loss(x));
+    FAIL() << "the update thread's failure did not come out of backward";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create a file in " + dir), std::string::npos) << e.what();
+  }
+  opt.zero_grad();
+  std::filesystem::create_directories(dir);
+  Model before(2, 32, 5);
+  opt.backward(m.loss(x));
+  EXPECT_TRUE(opt.step());
+  EXPECT_GT(max_param_diff(m, before), 1e-4);
+}
+
+// The memory tracker sees what the update thread allocates and frees as the hook's: after each step
+// the same live bytes in every category (no gradient left, the same state), no free it missed.
+TEST(Optimizer, UpdateThreadsMemoryIsTrackedAsTheHooks) {
+  const auto data = batches(3, 61);
+  std::vector<memory::CategoryBytes> live[2];
+  int64_t untracked[2] = {0, 0};
+  for (int threads : {0, 1}) {
+    Model m(2, 32, 9);
+    auto tracker = memory::Tracker::create();
+    tracker->watch(m);
+    memory::TrackingGuard on(tracker);
+    optim::Optimizer opt(m.named_parameters(),
+                         OptimizerOptions()
+                             .mode(Mode::in_backward)
+                             .update_threads(threads)
+                             .bytes_in_flight(1 << 20)
+                             .state(optim::StateOptions().precision(optim::StatePrecision::int8).min_quantized_numel(256)));
+    for (const auto& x : data) {
+      at::Tensor loss;
+      {
+        memory::PhaseScope fw(memory::Phase::forward);
+        loss = m.loss(x);
+      }
+      {
+        memory::PhaseScope bw(memory::Phase::backward);
+        opt.backward(loss);
+      }
+      loss = at::Tensor();
+      opt.step();
+      live[threads].push_back(tracker->live_by_category());
+    }
+    untracked[threads] = tracker->untracked_frees();
+  }
+  EXPECT_EQ(untracked[1], untracked[0]);
+  ASSERT_EQ(live[0].size(), live[1].size());
+  for (size_t s = 0; s < live[0].size(); ++s) {
+    for (auto c : memory::kAllCategories) {
+      EXPECT_EQ(live[1][s][static_cast<int>(c)], live[0][s][static_cast<int>(c)]) << "step " << s << ", " << memory::category_name(c);
+    }
+    EXPECT_EQ(live[1][s][static_cast<int>(memory::Category::gradient)], 0);
+    EXPECT_GT(live[1][s][static_cast<int>(memory::Category::optimizer_state)], 0);
+  }
+}
+
+TEST(Optimizer, UpdateThreadsAreRefusedWhereTheyCannotRun) {
+  Model m(1, 32, 0);
+  try {
+    optim::Optimizer opt(m.named_parameters(), OptimizerOptions().update_threads(1));
+    FAIL() << "update_threads in standard mode was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs mode in_backward"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(optim::Optimizer(m.named_parameters(), OptimizerOptions().mode(Mode::in_backward).update_threads(-1)),
+               std::invalid_argument);
+  EXPECT_THROW(optim::Optimizer(m.named_parameters(), OptimizerOptions().mode(Mode::in_backward).bytes_in_flight(-1)),
+               std::invalid_argument);
 }

@@ -334,3 +334,22 @@ TEST(Recipe, Gpt2TiesItsHeadByDefault) {
   EXPECT_FALSE(parse_recipe(kYaml, "r.yaml", {"model.arch=gpt2", "model.n_kv_heads=4", "model.tie_embeddings=false"}).model.tie_embeddings);
   EXPECT_FALSE(parse_recipe(kYaml, "r.yaml").model.tie_embeddings);
 }
+
+// optimizer.update_threads and optimizer.bytes_in_flight reach the optimizer's options; the update
+// thread is refused outside in-backward mode and with data parallel, naming the key.
+TEST(Recipe, UpdateThreadsKeys) {
+  const Recipe r = parse_recipe(kYaml, "r.yaml", {"optimizer.update_threads=1", "optimizer.bytes_in_flight=512MiB"});
+  EXPECT_EQ(r.optimizer.update_threads(), 1);
+  EXPECT_EQ(r.optimizer.bytes_in_flight(), int64_t{512} << 20);
+  EXPECT_EQ(parse_recipe(kYaml, "r.yaml").optimizer.bytes_in_flight(), frugal::optim::kDefaultBytesInFlight);
+  EXPECT_NO_THROW(r.check_data_parallel(1));
+  try {
+    r.check_data_parallel(2);
+    FAIL() << "update_threads over 2 ranks was accepted";
+  } catch (const RecipeError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.update_threads 1 cannot be used with 2 ranks"), std::string::npos) << e.what();
+  }
+  expect_error(kYaml, {"optimizer.update_threads=1", "optimizer.in_backward=false", "optimizer.clip=none"},
+               "optimizer.update_threads=1 (from the command line) needs optimizer.in_backward=true");
+  expect_error(kYaml, {"optimizer.bytes_in_flight=lots"}, "optimizer.bytes_in_flight");
+}

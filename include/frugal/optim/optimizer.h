@@ -35,6 +35,16 @@
 // call only (it returns whether it did). In-backward mode frees each gradient as soon as it is
 // used, so accumulation is refused at construction.
 //
+// Updates on a thread of their own (in-backward mode, one process): with update_threads(N) each
+// completed gradient is handed to an update thread (using N of ATen's intra-op threads) and
+// backward goes on at once, so the updates of one block overlap the backward of the next. Up to
+// bytes_in_flight of gradients wait for their update (one gradient is always allowed; backward
+// waits for the oldest beyond that); backward() returns, and step(), zero_grad(), state_dict()
+// and load_state() begin, only once every update is done, and an update's exception comes out of
+// the backward that posted it (or the next of those calls). Order and results are the same as
+// with updates inside the hook. Worth it where backward leaves cores idle (a CPU whose products
+// run on one thread); refused with data parallel.
+//
 // Data parallel (exchange.h): with an Exchange set, each gradient is averaged over the ranks before
 // it is used — in in-backward mode inside its hook, several in flight while backward goes on — and
 // only the parameters this rank owns keep state and are updated; their owners then send the new
@@ -79,6 +89,9 @@ const char* mode_name(Mode m);  // "standard", "in_backward"
 const char* clip_name(Clip c);
 std::optional<Clip> parse_clip(const std::string& name);
 
+// OptimizerOptions::bytes_in_flight's default.
+constexpr int64_t kDefaultBytesInFlight = 4 << 20;
+
 // Every setting of the optimizer in one struct (what recipes fill in); AdamWOptions, AdamOptions
 // and SGDOptions convert to it.
 struct OptimizerOptions {
@@ -114,6 +127,12 @@ struct OptimizerOptions {
   TORCH_ARG(Clip, clip) = Clip::none;
   TORCH_ARG(double, max_grad_norm) = 1.0;
   TORCH_ARG(int64_t, accumulation_steps) = 1;
+  // In-backward mode: 0 updates inside autograd's hook; N > 0 on an update thread of their own
+  // with N intra-op threads, overlapping backward (see the top of this file).
+  TORCH_ARG(int64_t, update_threads) = 0;
+  // In-backward mode, gradients waiting at once for their average (data parallel) or their update
+  // (update_threads), in bytes, before backward waits for the oldest; one is always allowed.
+  TORCH_ARG(int64_t, bytes_in_flight) = kDefaultBytesInFlight;
 
  private:
   Hyper hyper_;
@@ -158,6 +177,8 @@ class MemoryOptions {
   FRUGAL_MEMORY_ARG(Clip, clip, Clip::none)
   FRUGAL_MEMORY_ARG(double, max_grad_norm, 1.0)
   FRUGAL_MEMORY_ARG(int64_t, accumulation_steps, 1)
+  FRUGAL_MEMORY_ARG(int64_t, update_threads, 0)
+  FRUGAL_MEMORY_ARG(int64_t, bytes_in_flight, kDefaultBytesInFlight)
   FRUGAL_MEMORY_ARG(StateOptions, state, StateOptions())
   FRUGAL_MEMORY_ARG(bool, stochastic_rounding, false)
 #undef FRUGAL_MEMORY_ARG
@@ -180,6 +201,8 @@ class MemoryOptions {
         .clip(clip_)
         .max_grad_norm(max_grad_norm_)
         .accumulation_steps(accumulation_steps_)
+        .update_threads(update_threads_)
+        .bytes_in_flight(bytes_in_flight_)
         .state(state_)
         .stochastic_rounding(stochastic_rounding_);
   }
@@ -251,9 +274,6 @@ struct StateDictSource {
   std::function<at::Tensor(const std::string&)> load;                 // the entry's tensor, of that shape
 };
 
-// set_bytes_in_flight's default.
-constexpr int64_t kDefaultBytesInFlight = 4 << 20;
-
 // One optimizer (SGD, Adam, AdamW) that steps after backward or inside it; see the top of this file.
 class Optimizer {
  public:
@@ -289,8 +309,9 @@ class Optimizer {
   // rank's part of it) under StateOptions::min_quantized_numel elements (effective_precision).
   // SGD's momentum buffer has the gradient's dtype whatever this says.
   StatePrecision state_precision(size_t i) const;
-  // Of the in-backward mode's gradients, how many bytes may be waiting for their average at once
-  // before backward waits for the oldest (kDefaultBytesInFlight; one gradient is always allowed).
+  // Of the in-backward mode's gradients, how many bytes may be waiting for their average or update
+  // at once before backward waits for the oldest (OptimizerOptions::bytes_in_flight, whose
+  // default is kDefaultBytesInFlight; one gradient is always allowed).
   void set_bytes_in_flight(int64_t bytes);
 
   const OptimizerOptions& options() const;  // as constructed
@@ -319,11 +340,15 @@ class Optimizer {
   void load_state_dict(const TensorDict& state);
   int64_t state_bytes() const;  // bytes of all state tensors
   // Seconds spent in parameter updates since construction (in either mode; in in-backward mode
-  // they run inside backward), state loads and stores included.
+  // they run inside backward, or beside it with update_threads), state loads and stores included.
+  // Read them after backward() or step(), not while updates may be under way.
   double update_seconds() const;
   // Of those, the seconds spent moving state chunks between their place (host memory, mapped
   // files) and the parameter's device (StateBuffer::transfer_seconds).
   double state_transfer_seconds() const;
+  // With update_threads: the seconds backward waited for the update thread since construction
+  // (gradients in flight at their bound, and the last updates after backward's own work).
+  double update_wait_seconds() const;
 
   struct Impl;
 

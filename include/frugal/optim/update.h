@@ -85,6 +85,9 @@ struct Hyper {
   // bf16 parameters: compute the update in fp32 and round to bf16 stochastically, so updates
   // smaller than bf16's resolution still move the parameter on average.
   bool stochastic_rounding = false;
+  // The stochastic rounding's seed for this update of a bf16 parameter on the CPU; unset: drawn
+  // from the default generator when the update runs (rounding_seed below, once per update).
+  std::optional<uint64_t> rounding_seed;
 
   // Whether `param`'s Adam(W) moments live in StateBuffers (uses_buffered_state).
   bool buffered(const at::Tensor& param) const { return uses_buffered_state(param.scalar_type(), state, stochastic_rounding); }
@@ -98,6 +101,12 @@ struct ParamState {
   at::Tensor momentum_buffer;         // sgd with momentum
   std::shared_ptr<StateBuffer> m, v;  // adam(w) moments when Hyper::buffered()
 };
+
+// The seed an update of `param` under h rounds with: drawn now from the default generator (which run
+// checkpoints save) when h rounds it stochastically and carries no seed, h.rounding_seed when it
+// does; nullopt when the update rounds to nearest. What apply_update draws, for a caller that runs
+// the update later on another thread and must draw in the order updates were asked for.
+std::optional<uint64_t> rounding_seed(const Hyper& h, const at::Tensor& param);
 
 // x (fp32) rounded to bf16 stochastically: up or down with probability given by the distance.
 at::Tensor stochastic_round_bf16(const at::Tensor& x, const c10::optional<at::Generator>& gen = c10::nullopt);

@@ -44,7 +44,7 @@ struct MemoryEstimate {
 
 // One rank of a data-parallel job (dist/): its share of each batch (batch_size / world_size rows),
 // the optimizer state of the parameters it owns (dist::assign_owners), and in in-backward mode the
-// gradients waiting for their averages (up to optim::kDefaultBytesInFlight plus the newest).
+// gradients waiting for their averages (up to optimizer.bytes_in_flight plus the newest).
 struct DataParallel {
   int64_t world_size = 1;
   int64_t rank = 0;

@@ -124,6 +124,10 @@ struct Recipe {
   // The rows of every micro-batch each of `world` data-parallel ranks trains on; a RecipeError
   // when train.batch_size does not split evenly over them.
   int64_t rows_per_rank(int64_t world) const;
+  // Whether the recipe can train on `world` data-parallel ranks: the batch splits evenly
+  // (rows_per_rank) and nothing it asks for is one process's only (optimizer.update_threads); a
+  // RecipeError naming the key otherwise.
+  void check_data_parallel(int64_t world) const;
 };
 
 // The parameter dtypes a recipe accepts: "fp32" (at::kFloat) and "bf16" (at::kBFloat16).

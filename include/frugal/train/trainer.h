@@ -73,9 +73,13 @@ struct MemoryLimitExceeded : std::runtime_error {
 // its transfers and page faults) and left out of backward_s.
 struct StepTiming {
   double forward_s = 0;
-  double backward_s = 0;     // backward with the recompute of checkpointed blocks
-  double optimizer_s = 0;    // every parameter update of the step, wherever it ran
-  double state_io_s = 0;     // of optimizer_s: moving state chunks between their place and the device
+  double backward_s = 0;   // backward with the recompute of checkpointed blocks
+  double optimizer_s = 0;  // every parameter update of the step, wherever it ran
+  double state_io_s = 0;   // of optimizer_s: moving state chunks between their place and the device
+  // optimizer.update_threads: the updates ran on their own thread beside backward, so optimizer_s
+  // overlaps backward_s rather than adding to it; of backward_s, update_wait_s waited for them.
+  bool updates_overlapped = false;
+  double update_wait_s = 0;
   int64_t major_faults = 0;  // pages the step read from disk (mapped state paged in, among others)
   double total_s = 0;        // the whole step, batch and bookkeeping included
   int64_t tokens = 0;        // the step's tokens (every rank's); with examples, those that are not padding
