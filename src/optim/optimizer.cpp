@@ -4,8 +4,12 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/serialize/archive.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -217,8 +221,19 @@ Optimizer::~Optimizer() {
   }
 }
 
+namespace {
+constexpr int kUpdateThreadNice = 10;  // how much lower the update thread's priority is than the process's
+}  // namespace
+
 void Optimizer::Impl::run_updates() {
   use_intra_op_threads_on_this_thread(static_cast<int>(options.update_threads()));
+  // Below the training thread: backward is the step's critical path, and the updates are to take
+  // the core it leaves idle rather than share its own evenly (the 7B 8-bit step: 58.3-60.4 s
+  // against 59.4-64.7 s at equal priority). Linux keeps a nice value per thread; where it cannot
+  // be lowered the thread runs at the process's.
+  errno = 0;
+  const int nice = ::getpriority(PRIO_PROCESS, 0);
+  if (errno == 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), std::min(nice + kUpdateThreadNice, 19));
   Worker& w = *worker;
   for (;;) {
     Worker::Job job;

@@ -43,7 +43,9 @@
 // and load_state() begin, only once every update is done, and an update's exception comes out of
 // the backward that posted it (or the next of those calls). Order and results are the same as
 // with updates inside the hook. Worth it where backward leaves cores idle (a CPU whose products
-// run on one thread); refused with data parallel.
+// run on one thread); refused with data parallel and off the CPU. The update thread runs at a
+// lower priority than the process (nice +10; the state window's I/O threads, started from it,
+// inherit that), so backward, the step's critical path, keeps its core.
 //
 // Data parallel (exchange.h): with an Exchange set, each gradient is averaged over the ranks before
 // it is used — in in-backward mode inside its hook, several in flight while backward goes on — and
