@@ -66,7 +66,8 @@ at::Tensor dynamic_code_map(bool is_signed, int bits) {
 
 int64_t code_table_bytes(int bits) {
   const int64_t levels = int64_t{1} << bits;
-  return levels * 4 + (levels - 1) * 4 + (int64_t{1} << 17) + levels * 4;  // map, boundaries, lut, lut_boundaries
+  // map, boundaries, lut, lut_boundaries; 8-bit maps also the AVX2 encode table (int32 a cell)
+  return levels * 4 + (levels - 1) * 4 + (int64_t{1} << 17) + levels * 4 + (bits == 8 ? (int64_t{1} << 17) * 4 : 0);
 }
 
 namespace {
@@ -103,10 +104,26 @@ std::shared_ptr<const SharedMap> shared_map(bool is_signed, int bits, at::Device
     const at::Tensor lut = at_low.to(at::kByte);
     // The midpoints and +inf after them: the comparison needs no bounds check for the last code.
     const at::Tensor lut_boundaries = at::cat({boundaries, at::full({1}, std::numeric_limits<float>::infinity())});
-    entry = {map.to(device), boundaries.to(device), lut.to(device), lut_boundaries.to(device)};
+    at::Tensor encode;
+    if (bits == 8) {
+      // The same search in one look-up (encode_block8_avx2): per cell, its lowest value's code in
+      // the low byte and, above it, the threshold t on the value's low 15 bits past which the
+      // code is one more. Within a cell every value shares sign and top bits, so comparing with
+      // the midpoint is comparing those 15 bits: as they are for a positive value, flipped for a
+      // negative (whose bits grow as it falls). A cell without its midpoint (or with the +inf
+      // after the last code) gets 0x7fff, which no 15 bits exceed.
+      const at::Tensor code = at_low.to(at::kInt);
+      const at::Tensor midpoint = lut_boundaries.index_select(0, at_low);
+      const at::Tensor midpoint_bits = midpoint.view(at::kInt);
+      const at::Tensor in_cell = midpoint.isfinite() & (at::bitwise_and(at::bitwise_right_shift(midpoint_bits, 15), 0x1ffff) == prefix);
+      const at::Tensor threshold = at::bitwise_xor(at::bitwise_and(midpoint_bits, 0x7fff), negative.to(at::kInt) * 0x7fff);
+      encode = at::bitwise_or(code, at::bitwise_left_shift(at::where(in_cell, threshold, at::full_like(threshold, 0x7fff)), 8));
+      encode = encode.to(device);
+    }
+    entry = {map.to(device), boundaries.to(device), lut.to(device), lut_boundaries.to(device), encode};
     // Constant tables shared by every buffer of the process: not any one optimizer's state.
-    for (const at::Tensor* t : {&entry.map, &entry.boundaries, &entry.lut, &entry.lut_boundaries}) {
-      memory::tag(*t, memory::Category::other);
+    for (const at::Tensor* t : {&entry.map, &entry.boundaries, &entry.lut, &entry.lut_boundaries, &entry.encode}) {
+      if (t->defined()) memory::tag(*t, memory::Category::other);
     }
   }
   slot = made;
@@ -141,6 +158,7 @@ QuantizedBuffer::QuantizedBuffer(int64_t numel, int bits, int64_t block, bool is
   boundaries_ = shared->boundaries;
   lut_ = shared->lut;
   lut_boundaries_ = shared->lut_boundaries;
+  encode_table_ = shared->encode;
   const int64_t blocks = (numel + block - 1) / block;
   const int64_t zero_code = at::searchsorted(boundaries_, at::zeros({1}, map_.options())).item<int64_t>();
   const int64_t padded = blocks * block;
@@ -221,9 +239,10 @@ inline uint8_t nearest_code(float x, const uint8_t* lut, const float* boundaries
 //   AVX2      the same, with the update and the 4-bit unpacking and packing in AVX2. 4-bit codes
 //             are decoded by permutes (the 16-entry map in two registers) and encoded by counting
 //             the 15 midpoints below each value. The 8-bit look-ups are scalar loads eight at a
-//             time into vectors (decode_block8_avx2, encode_block8_avx2): on AMD Zen 4 (EPYC) a
-//             16-lane gather is slower than 16 scalar loads (8-bit decode 0.34 against 0.29 ns a
-//             value, the 17-bit table's encode 1.1 against 0.7 ns), and on Zen 3 8-lane ones too.
+//             time into vectors (decode_block8_avx2; encode_block8_avx2, one look-up a value in
+//             a table that folds the midpoint into the 17-bit table's entry): on AMD Zen 4 (EPYC)
+//             a 16-lane gather is slower than 16 scalar loads (8-bit decode 0.34 against 0.29 ns
+//             a value, the 17-bit table's encode 1.1 against 0.7 ns), and on Zen 3 8-lane ones too.
 //   AVX-512   quantize_avx512.cpp: the code maps in registers, looked up by permutes, 64 values at
 //             a time, decode, update and encode fused and pipelined across blocks.
 
@@ -390,22 +409,23 @@ FRUGAL_AVX2 void decode_block8_avx2(const uint8_t* codes, const float* map, floa
   }
 }
 
-// Normalized values to 8-bit codes, eight at a time: nearest_code's two look-ups (the 17-bit
-// table's code, then its midpoint) as scalar loads, the table's index, the comparison and the
-// packing to bytes in vectors. The same tables and comparison, so the same codes. (Zen 3: 0.66-0.7
-// ns a value against nearest_code's 1.0; two 8-lane gathers 1.8.)
-FRUGAL_AVX2 void encode_block8_avx2(const float* x, const uint8_t* lut, const float* boundaries, uint8_t* codes, int64_t count) {
+// Normalized values to 8-bit codes, eight at a time, with one look-up each: the encode table's
+// entry for the value's cell (scalar loads into a vector), then the comparison of the value's low
+// 15 bits (flipped where negative) with the entry's threshold, and the packing to bytes, in
+// vectors. nearest_code's codes for every fp32 bit pattern (QuantKernel.EncodeTableGivesTheCodesOf
+// EveryFloat). Zen 3: 0.50 ns a value; nearest_code's two look-ups as scalar loads 0.64; one 8-lane
+// gather 0.75.
+FRUGAL_AVX2 void encode_block8_avx2(const float* x, const int32_t* table, uint8_t* codes, int64_t count) {
+  const __m256i low15 = _mm256_set1_epi32(0x7fff), low8 = _mm256_set1_epi32(255);
   alignas(32) uint32_t cell[8];
   for (int64_t j = 0; j < count; j += 8) {
-    const __m256 xj = _mm256_load_ps(x + j);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(cell), _mm256_srli_epi32(_mm256_castps_si256(xj), 15));
-    const int k0 = lut[cell[0]], k1 = lut[cell[1]], k2 = lut[cell[2]], k3 = lut[cell[3]];
-    const int k4 = lut[cell[4]], k5 = lut[cell[5]], k6 = lut[cell[6]], k7 = lut[cell[7]];
-    const __m256 midpoint = _mm256_setr_ps(boundaries[k0], boundaries[k1], boundaries[k2], boundaries[k3], boundaries[k4], boundaries[k5],
-                                           boundaries[k6], boundaries[k7]);
+    const __m256i xj = _mm256_castps_si256(_mm256_loadu_ps(x + j));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(cell), _mm256_srli_epi32(xj, 15));
+    const __m256i entry = _mm256_setr_epi32(table[cell[0]], table[cell[1]], table[cell[2]], table[cell[3]], table[cell[4]], table[cell[5]],
+                                            table[cell[6]], table[cell[7]]);
+    const __m256i low = _mm256_xor_si256(_mm256_and_si256(xj, low15), _mm256_and_si256(_mm256_srai_epi32(xj, 31), low15));
     // a true comparison is all ones: -1
-    const __m256i code =
-        _mm256_sub_epi32(_mm256_setr_epi32(k0, k1, k2, k3, k4, k5, k6, k7), _mm256_castps_si256(_mm256_cmp_ps(midpoint, xj, _CMP_LT_OQ)));
+    const __m256i code = _mm256_sub_epi32(_mm256_and_si256(entry, low8), _mm256_cmpgt_epi32(low, _mm256_srli_epi32(entry, 8)));
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), _mm_packus_epi16(words, words));
   }
@@ -587,8 +607,8 @@ void adam_block(const BlockStep& step, int64_t b, bool vector) {
   }
 #if FRUGAL_X86_KERNELS
   if (vector) {
-    encode_block8_avx2(m, s.mlut, s.mb, s.mc + base, block);
-    encode_block8_avx2(v, s.vlut, s.vb, s.vc + base, block);
+    encode_block8_avx2(m, s.menc, s.mc + base, block);
+    encode_block8_avx2(v, s.venc, s.vc + base, block);
     return;
   }
 #endif
@@ -660,6 +680,8 @@ void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, Quanti
   s.vb = v.lut_boundary_data();
   s.mlut = m.lut();
   s.vlut = v.lut();
+  s.menc = m.encode_table();
+  s.venc = v.encode_table();
   s.bits = m.bits();
   const QuantKernel k = resolve(kernel);
   if (k == QuantKernel::avx512) {
@@ -676,6 +698,19 @@ void adam_step_fused(const AdamStep& h, BlockStep& s, QuantizedBuffer& m, Quanti
 }
 
 }  // namespace
+
+void encode_codes8(QuantKernel path, const QuantizedBuffer& map, const float* x, uint8_t* codes, int64_t count) {
+  TORCH_CHECK(map.bits() == 8 && count % 8 == 0, "encode_codes8: an 8-bit map and a multiple of 8 values");
+  const QuantKernel k = resolve(path);
+  TORCH_CHECK(k != QuantKernel::avx512, "encode_codes8: the AVX-512 path encodes from registers, not these tables");
+#if FRUGAL_X86_KERNELS
+  if (k == QuantKernel::avx2) {
+    encode_block8_avx2(x, map.encode_table(), codes, count);
+    return;
+  }
+#endif
+  encode_block(x, map.lut(), map.lut_boundary_data(), codes, count);
+}
 
 bool quant_kernel_supported(QuantKernel k) { return k == QuantKernel::automatic || cpu_supports(k); }
 

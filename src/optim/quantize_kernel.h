@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "frugal/optim/quantize.h"
+
 namespace frugal {
 namespace optim {
 
@@ -30,8 +32,14 @@ struct BlockStep {
   float *ma, *va;    // block scales
   const float *mmap, *vmap, *mb, *vb;
   const uint8_t *mlut, *vlut;
+  const int32_t *menc = nullptr, *venc = nullptr;           // 8-bit: QuantizedBuffer::encode_table()
   const Avx512CodeTables *m512 = nullptr, *v512 = nullptr;  // for the AVX-512 path
 };
+
+// For the tests: the 8-bit codes of `count` values (a multiple of 8), already divided by their
+// block's absmax, as one path's encode finds them with `map`'s tables (portable: nearest_code's two
+// look-ups; avx2: the encode table's one). The path must be this processor's and not avx512.
+void encode_codes8(QuantKernel path, const QuantizedBuffer& map, const float* x, uint8_t* codes, int64_t count);
 
 // Whether this processor runs the AVX-512 path: AVX-512 F, BW and VBMI (byte permutes), as Intel
 // since Ice Lake and AMD since Zen 4 have them.

@@ -5,7 +5,11 @@
 // path must give searchsorted's code.
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -180,6 +184,40 @@ TEST(QuantKernel, ValuesOnTheMidpointsGetSearchsortedsCode) {
         EXPECT_TRUE(at::equal(codes, want)) << (codes != want).sum().item<int64_t>() << " codes differ";
       }
     }
+  }
+}
+
+TEST(QuantKernel, EncodeTableGivesTheCodesOfEveryFloat) {
+  // The AVX2 path encodes 8-bit codes from one table (QuantizedBuffer::encode_table) in place of
+  // nearest_code's two look-ups: the same code for every one of the 2^32 fp32 bit patterns (NaNs,
+  // infinities, subnormals, values outside [-1, 1] included), for both maps.
+  if (!quant_kernel_supported(QuantKernel::avx2)) GTEST_SKIP() << "no AVX2 here";
+  for (bool is_signed : {true, false}) {
+    SCOPED_TRACE(is_signed ? "signed" : "unsigned");
+    const QuantizedBuffer map(1, 8, 256, is_signed);
+    constexpr int64_t kChunk = int64_t{1} << 22, kChunks = (int64_t{1} << 32) / kChunk;
+    std::atomic<int64_t> differ{0}, first{-1};
+    at::parallel_for(0, kChunks, 1, [&](int64_t c0, int64_t c1) {
+      std::vector<float> x(kChunk);
+      std::vector<uint8_t> want(kChunk), got(kChunk);
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint32_t base = static_cast<uint32_t>(c * kChunk);
+        for (int64_t i = 0; i < kChunk; ++i) {
+          const uint32_t bits = base + static_cast<uint32_t>(i);
+          std::memcpy(&x[i], &bits, 4);
+        }
+        encode_codes8(QuantKernel::portable, map, x.data(), want.data(), kChunk);
+        encode_codes8(QuantKernel::avx2, map, x.data(), got.data(), kChunk);
+        if (std::memcmp(want.data(), got.data(), kChunk) == 0) continue;
+        for (int64_t i = 0; i < kChunk; ++i) {
+          if (want[i] == got[i]) continue;
+          differ.fetch_add(1);
+          int64_t none = -1;
+          first.compare_exchange_strong(none, base + i);
+        }
+      }
+    });
+    EXPECT_EQ(differ.load(), 0) << "first at bits 0x" << std::hex << first.load();
   }
 }
 

@@ -30,7 +30,8 @@ namespace optim {
 // 2^bits values, sorted ascending, fp32: signed maps span [-1, 1] and hold 0; unsigned span [0, 1].
 at::Tensor dynamic_code_map(bool is_signed, int bits);
 // Bytes of the tables one (signedness, bits) code map shares across every buffer on a device: the
-// map, its midpoints, the 2^17-entry encode table and the midpoints with +inf (tagged 'other').
+// map, its midpoints, the 2^17-entry encode table, the midpoints with +inf, and for 8-bit maps the
+// AVX2 path's encode table (tagged 'other').
 int64_t code_table_bytes(int bits);
 // Makes the tables now (if no buffer holds them yet) and keeps them alive with the handle: an
 // optimizer builds them at construction, so no training step pays their transient work.
@@ -39,6 +40,7 @@ std::shared_ptr<const void> retain_code_tables(bool is_signed, int bits, at::Dev
 // the map, its midpoints, the encode table and the midpoints with +inf (see QuantizedBuffer::lut).
 struct CodeTables {
   at::Tensor map, boundaries, lut, lut_boundaries;
+  at::Tensor encode;  // 8-bit maps: see QuantizedBuffer::encode_table (undefined for 4-bit)
 };
 std::shared_ptr<const CodeTables> code_tables(bool is_signed, int bits, at::Device device);
 
@@ -82,6 +84,11 @@ class QuantizedBuffer {
   const uint8_t* lut() const { return lut_.data_ptr<uint8_t>(); }
   // The midpoints between the map's entries, then +inf (levels() floats).
   const float* lut_boundary_data() const { return lut_boundaries_.data_ptr<float>(); }
+  // 8-bit maps: the same search in one look-up, e = encode_table()[bits(x) >> 15] (int32), then
+  //   t = bits(x) & 0x7fff, flipped (^ 0x7fff) where x is negative;  (e & 255) + (t > (e >> 8))
+  // (the cell's code, and the threshold past which its midpoint is exceeded; 0x7fff where the cell
+  // holds no midpoint). Null for 4-bit maps.
+  const int32_t* encode_table() const { return encode_table_.defined() ? encode_table_.data_ptr<int32_t>() : nullptr; }
   // The code map's values, ascending (levels() floats).
   const float* map_data() const { return map_.data_ptr<float>(); }
   // The number of entries of the code map: 2^bits.
@@ -94,6 +101,7 @@ class QuantizedBuffer {
   at::Tensor map_, boundaries_;  // the code map and the midpoints between its entries
   at::Tensor lut_;               // uint8 (131072), on the buffer's device: see lut()
   at::Tensor lut_boundaries_;    // fp32 (levels), on the buffer's device: the midpoints, then +inf
+  at::Tensor encode_table_;      // int32 (131072), 8-bit maps only: see encode_table()
   at::Tensor codes_, absmax_;
   std::shared_ptr<const void> tables_;  // keeps the shared tables alive while this buffer is
 };
