@@ -162,7 +162,11 @@ void expect_estimate_matches(const train::Recipe& recipe, const std::string& lab
     EXPECT_NEAR(est / std::max(meas, 1.0), 1.0, 0.15)
         << memory::category_name(c) << ": estimated " << est << " measured " << meas << ";" << breakdown;
   }
-  EXPECT_GE(r.estimate_plain.peak_bytes, r.estimate.peak_bytes);
+  // The techniques never cost more than plain training, but for the quantized state's code tables
+  // ('other': a fixed 1.3 MiB a process for 8-bit maps, whatever the model) that the 5 MB models
+  // here cannot save back.
+  const int other = static_cast<int>(memory::Category::other);
+  EXPECT_GE(r.estimate_plain.peak_bytes, r.estimate.peak_bytes - (r.estimate.by_category[other] - r.estimate_plain.by_category[other]));
   // The same run with counters only reports the same peak, category by category.
   const auto counters = train::run_training(recipe, train::TrainOptions().sample(false), quiet);
   EXPECT_EQ(counters.peak.peak_bytes, r.peak.peak_bytes);
