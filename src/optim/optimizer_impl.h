@@ -179,12 +179,16 @@ struct Optimizer::Impl {
   static constexpr int64_t kReadAheadWindows = 8;
   std::vector<int64_t> updated_after;  // -1: not seen yet
   std::vector<char> read_ahead;        // its state asked for and not yet updated
+  std::vector<char> cached;            // read ahead into the page cache besides (cache_read_ahead)
   int64_t last_updated = -1, ahead_end = -1, ahead_bytes = 0;
   static int64_t state_file_bytes(const ParamState& s) { return s.m && s.v ? s.m->file_bytes() + s.v->file_bytes() : 0; }
   void read_ahead_after(size_t i) {
-    if (updated_after.size() != params.size()) updated_after.assign(params.size(), -1), read_ahead.assign(params.size(), 0);
+    if (updated_after.size() != params.size()) {
+      updated_after.assign(params.size(), -1), read_ahead.assign(params.size(), 0), cached.assign(params.size(), 0);
+    }
     if (last_updated >= 0) updated_after[static_cast<size_t>(last_updated)] = static_cast<int64_t>(i);
     last_updated = static_cast<int64_t>(i);
+    cached[i] = 0;
     if (read_ahead[i]) {
       read_ahead[i] = 0;
       ahead_bytes -= state_file_bytes(params[i].state);
@@ -203,6 +207,21 @@ struct Optimizer::Impl {
       read_ahead[n] = 1;
       ahead_bytes += state_file_bytes(s);
       ahead_end = next;
+    }
+  }
+
+  // File placement, the step is over: the state read ahead for the next one (the frontier above)
+  // goes into the page cache now, while forward leaves the disk idle. Within a step the window's
+  // reader reads the rest straight from the disk into its buffers: a page-cache copy of 12.5 GiB a
+  // step (the 7B recipe's 8-bit state) is CPU time taken from backward.
+  void cache_read_ahead() {
+    if (read_ahead.empty() || last_updated < 0) return;
+    for (int64_t n = updated_after[static_cast<size_t>(last_updated)]; n >= 0; n = updated_after[static_cast<size_t>(n)]) {
+      const auto k = static_cast<size_t>(n);
+      if (!read_ahead[k] || cached[k]) break;
+      cached[k] = 1;
+      params[k].state.m->cache(0, params[k].state.m->numel());
+      params[k].state.v->cache(0, params[k].state.v->numel());
     }
   }
 
@@ -265,13 +284,14 @@ struct Optimizer::Impl {
   }
   // Waits until every posted update is done; rethrows the first failed one's exception.
   void finish_updates() {
-    if (!worker) return;
+    if (!worker) return cache_read_ahead();
     Worker& w = *worker;
     std::unique_lock<std::mutex> lock(w.mutex);
     const auto t0 = std::chrono::steady_clock::now();
     w.changed.wait(lock, [&] { return w.held == 0; });
     w.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     take_error(lock);
+    cache_read_ahead();
   }
   // The same after a failure of the caller's own: the first error is already on its way.
   void finish_updates_quietly() {

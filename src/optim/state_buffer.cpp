@@ -289,8 +289,8 @@ at::Tensor StateBuffer::allocate(int64_t numel, at::ScalarType dtype, at::Device
   const int fd = ::mkstemp(&path[0]);
   if (fd < 0) throw std::runtime_error("optimizer state: cannot create a file in " + mmap_dir_ + ": " + std::strerror(errno));
   const bool windowed = placement_ == StatePlacement::file;
-  // The window's writes bypass the page cache where the file system allows it (tmpfs may not:
-  // then they are buffered); its reads go through it, so that reading ahead can start early.
+  // The window's reads and writes bypass the page cache where the file system allows it (tmpfs may
+  // not: then they are buffered); only the reading ahead between steps (cache) goes through it.
   const int direct = windowed && detail::WindowPool::direct_io() ? ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC) : -1;
   ::unlink(path.c_str());
   size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(dtype));
@@ -396,15 +396,24 @@ void StateBuffer::prefetch(int64_t begin, int64_t end, bool urgent) const {
     StateIo::get().read(maps_.front().fd, first, last - first);
     return;
   }
-  // Whole chunks: the window's buffers hold chunks as the update asks for them. Those not urgent
-  // (a whole parameter, ahead of its turn) are read into the page cache at once besides, so the
-  // disk works while the window is full.
+  // Whole chunks: the window's buffers hold chunks as the update asks for them, read from the
+  // page cache where cache() put them, else straight from the disk.
   begin = begin / chunk_ * chunk_;
   end = std::min(numel_, (end + chunk_ - 1) / chunk_ * chunk_);
   const auto [first, last] = file_range(begin, end);
   const size_t chunk_bytes = file_range(0, std::min(numel_, chunk_)).second;
-  if (!urgent) StateIo::get().read(maps_.front().fd, first, last - first);
   detail::WindowPool::get().read_ahead(maps_.front().fd, first, last - first, chunk_bytes, urgent);
+}
+
+void StateBuffer::cache(int64_t begin, int64_t end) const {
+  end = std::min(end, numel_);
+  if (!windowed() || begin >= end) return;
+  begin = begin / chunk_ * chunk_;
+  end = std::min(numel_, (end + chunk_ - 1) / chunk_ * chunk_);
+  const auto [first, last] = file_range(begin, end);
+  StateIo::get().read(maps_.front().fd, first, last - first);
+  if (!mapped_updates_)
+    detail::WindowPool::get().cached(maps_.front().fd, first, last - first, file_range(0, std::min(numel_, chunk_)).second);
 }
 
 void StateBuffer::settle() const {

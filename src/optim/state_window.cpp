@@ -19,6 +19,8 @@ namespace detail {
 
 namespace {
 
+constexpr size_t kPage = 4096;
+
 // Whole reads and writes: the kernel may move fewer bytes than asked (signals, large requests).
 int read_all(int fd, uint8_t* p, size_t bytes, size_t offset) {
   while (bytes > 0) {
@@ -29,6 +31,15 @@ int read_all(int fd, uint8_t* p, size_t bytes, size_t offset) {
     p += n, bytes -= static_cast<size_t>(n), offset += static_cast<size_t>(n);
   }
   return 0;
+}
+
+// A chunk's bytes: copied from the page cache where they were read ahead into it (cached), else
+// read from the disk straight into the buffer through direct_fd (the file opened O_DIRECT, or -1),
+// so that reading the state costs neither page-cache pages nor a copy. Direct reads need the
+// page's alignment: the chunks and the buffers have it (whole pages); elsewhere reads are buffered.
+int read_chunk(int fd, int direct_fd, bool cached, uint8_t* p, size_t bytes, size_t offset) {
+  if (cached || direct_fd < 0 || (offset | bytes | reinterpret_cast<uintptr_t>(p)) % kPage != 0) return read_all(fd, p, bytes, offset);
+  return read_all(direct_fd, p, bytes, offset);
 }
 
 int write_all(int fd, const uint8_t* p, size_t bytes, size_t offset) {
@@ -88,6 +99,11 @@ void WindowPool::take(Slot& s, int fd, size_t first, size_t bytes, Use use) {
   s.fd = fd, s.first = first, s.bytes = bytes, s.use = use, s.stamp = ++clock_, s.error = 0;
 }
 
+int WindowPool::direct_fd_of(int fd) const {
+  const auto file = std::find_if(attached_.begin(), attached_.end(), [&](const std::pair<int, int>& a) { return a.first == fd; });
+  return file != attached_.end() && file->second != fd ? file->second : -1;
+}
+
 void WindowPool::start_threads() {
   if (reader_.joinable()) return;
   reader_ = std::thread([this] { read_loop(); });
@@ -142,10 +158,10 @@ void WindowPool::resize_slots(std::unique_lock<std::mutex>& lock, size_t bytes) 
   changed_.notify_all();
 }
 
-void WindowPool::attach(int fd, int write_fd, size_t slot_bytes) {
+void WindowPool::attach(int fd, int direct_fd, size_t slot_bytes) {
   std::unique_lock<std::mutex> lock(mutex_);
   start_threads();
-  attached_.emplace_back(fd, write_fd);
+  attached_.emplace_back(fd, direct_fd);
   if (slot_bytes > slot_bytes_) resize_slots(lock, slot_bytes);
 }
 
@@ -158,6 +174,7 @@ void WindowPool::detach(int fd) {
   }
   attached_.erase(std::remove_if(attached_.begin(), attached_.end(), [fd](const std::pair<int, int>& a) { return a.first == fd; }),
                   attached_.end());
+  in_cache_.erase(in_cache_.lower_bound({fd, 0}), in_cache_.upper_bound({fd, SIZE_MAX}));
   if (attached_.empty()) resize_slots(lock, 0);
   changed_.notify_all();
 }
@@ -203,8 +220,10 @@ uint8_t* WindowPool::acquire(int fd, size_t first, size_t bytes) {
     }
     Slot& s = slots_[static_cast<size_t>(r)];
     take(s, fd, first, bytes, Use::reading);
+    const int direct_fd = direct_fd_of(fd);
+    const bool cached = in_cache_.erase({fd, first}) > 0;
     lock.unlock();
-    const int err = read_all(fd, s.mem, bytes, first);
+    const int err = read_chunk(fd, direct_fd, cached, s.mem, bytes, first);
     lock.lock();
     s.use = err ? Use::free : Use::in_use;
     changed_.notify_all();
@@ -220,6 +239,7 @@ void WindowPool::release(int fd, size_t first) {
     TORCH_CHECK(i >= 0 && slots_[static_cast<size_t>(i)].use == Use::in_use, "optimizer state: released a chunk not acquired");
     slots_[static_cast<size_t>(i)].use = Use::writing;
     writes_.push_back(i);
+    in_cache_.erase({fd, first});  // read into the cache while in the slot: the write drops those pages
   }
   changed_.notify_all();
 }
@@ -247,6 +267,12 @@ void WindowPool::read_ahead(int fd, size_t first, size_t bytes, size_t chunk_byt
   changed_.notify_all();
 }
 
+void WindowPool::cached(int fd, size_t first, size_t bytes, size_t chunk_bytes) {
+  if (chunk_bytes == 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t at = first; at < first + bytes; at += chunk_bytes) in_cache_.insert({fd, at});
+}
+
 int64_t WindowPool::resident_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<int64_t>(slot_bytes_ * slots_.size());
@@ -267,8 +293,10 @@ void WindowPool::read_loop() {
     if (find(key.fd, key.first) >= 0) continue;
     Slot& s = slots_[static_cast<size_t>(r)];
     take(s, key.fd, key.first, key.bytes, Use::reading);
+    const int direct_fd = direct_fd_of(key.fd);
+    const bool cached = in_cache_.erase({key.fd, key.first}) > 0;
     lock.unlock();
-    const int err = read_all(key.fd, s.mem, key.bytes, key.first);
+    const int err = read_chunk(key.fd, direct_fd, cached, s.mem, key.bytes, key.first);
     lock.lock();
     s.use = Use::ready;
     s.error = err;  // acquire reports it

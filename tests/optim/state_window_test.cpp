@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -273,4 +274,61 @@ TEST(StateWindow, ChunksAreReadAheadUpdatedInTheWindowAndWrittenBack) {
     EXPECT_TRUE(at::equal(views.at("m.codes"), expected.bitwise_xor(0x5a))) << "the updates in the file";
     EXPECT_EQ(optim::detail::WindowPool::get().ready_slots(), 0);
   }
+}
+
+// With direct I/O, the window's reads and writes leave no pages in the page cache, except the
+// chunks said to be read ahead into it (cached), which are copied from there; every chunk whole
+// either way, also one said to be cached that is not.
+TEST(StateWindow, ReadsTakeThePageCachesPagesAndTheRestFromTheDisk) {
+  std::string path = ::testing::TempDir() + "/frugal-window-read-XXXXXX";
+  const int fd = ::mkstemp(&path[0]);
+  ASSERT_GE(fd, 0);
+  const int direct = ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+  ::unlink(path.c_str());
+  if (direct < 0) {
+    ::close(fd);
+    GTEST_SKIP() << "no direct I/O in " << ::testing::TempDir();
+  }
+  constexpr size_t kChunk = size_t{256} << 10, kChunks = 4, kBytes = kChunk * kChunks, kPageBytes = 4096;
+  std::vector<uint8_t> bytes(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  ASSERT_EQ(::pwrite(fd, bytes.data(), kBytes, 0), static_cast<ssize_t>(kBytes));
+  ASSERT_EQ(::fsync(fd), 0);
+  // The cache emptied, and the kernel's own reading ahead off: a read caches what it asks for.
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM), 0);
+  void* map = ::mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto cached_pages = [&](size_t first, size_t n) {
+    std::vector<unsigned char> in(n / kPageBytes);
+    EXPECT_EQ(::mincore(static_cast<char*>(map) + first, n, in.data()), 0);
+    return std::count_if(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; });
+  };
+  ASSERT_EQ(cached_pages(0, kBytes), 0) << "the file's pages were dropped from the cache";
+  // Chunk 1 read ahead into the cache; chunk 3 said to be and not.
+  ASSERT_EQ(::readahead(fd, kChunk, kChunk), 0);
+  std::vector<uint8_t> sink(kChunk);
+  ASSERT_EQ(::pread(fd, sink.data(), kChunk, kChunk), static_cast<ssize_t>(kChunk));  // waits for it
+  ASSERT_EQ(cached_pages(kChunk, kChunk), static_cast<long>(kChunk / kPageBytes));
+
+  optim::detail::WindowPool& pool = optim::detail::WindowPool::get();
+  pool.attach(fd, direct, kChunk);
+  pool.cached(fd, kChunk, kChunk, kChunk);
+  pool.cached(fd, 3 * kChunk, kChunk, kChunk);
+  pool.read_ahead(fd, 2 * kChunk, 2 * kChunk, kChunk, /*urgent=*/false);  // chunks 2 and 3 by the reader
+  for (size_t c = 0; c < kChunks; ++c) {
+    const uint8_t* chunk = pool.acquire(fd, c * kChunk, kChunk);
+    EXPECT_EQ(std::memcmp(chunk, bytes.data() + c * kChunk, kChunk), 0) << "chunk " << c;
+    if (c != 3) {
+      EXPECT_EQ(cached_pages(c * kChunk, kChunk), c == 1 ? static_cast<long>(kChunk / kPageBytes) : 0)
+          << "chunk " << c << (c == 1 ? " is still in the cache" : " was read past the cache");
+    }
+    pool.release(fd, c * kChunk);
+  }
+  pool.settle(fd);
+  EXPECT_EQ(cached_pages(0, kBytes), 0) << "the direct writes dropped the pages read before";
+  pool.detach(fd);
+  ::munmap(map, kBytes);
+  ::close(direct);
+  ::close(fd);
 }

@@ -130,6 +130,10 @@ class StateBuffer {
   // order asked, urgent ones first; or, once the mapped path updates this buffer, into the page
   // cache): the caller does not wait for it.
   void prefetch(int64_t begin, int64_t end, bool urgent = false) const;
+  // Has values [begin, end) of the file read into the page cache (file placement) by a thread of
+  // its own, for a window's read to copy later rather than wait for the disk: the optimizer does
+  // it for the next step's first updates once a step is over, while forward leaves the disk idle.
+  void cache(int64_t begin, int64_t end) const;
   // The bytes of its file (file placement; 0 otherwise): what reading all of it ahead moves.
   int64_t file_bytes() const;
   // Unmaps every page: after a checkpoint has read them all, or a restore written them.
