@@ -398,23 +398,23 @@ void StateBuffer::prefetch(int64_t begin, int64_t end, bool urgent) const {
   }
   // Whole chunks: the window's buffers hold chunks as the update asks for them, read from the
   // page cache where cache() put them, else straight from the disk.
-  begin = begin / chunk_ * chunk_;
-  end = std::min(numel_, (end + chunk_ - 1) / chunk_ * chunk_);
-  const auto [first, last] = file_range(begin, end);
-  const size_t chunk_bytes = file_range(0, std::min(numel_, chunk_)).second;
-  detail::WindowPool::get().read_ahead(maps_.front().fd, first, last - first, chunk_bytes, urgent);
+  const auto [first, last] = chunks_range(begin, end);
+  detail::WindowPool::get().read_ahead(maps_.front().fd, first, last - first, chunk_file_bytes(), urgent);
 }
 
 void StateBuffer::cache(int64_t begin, int64_t end) const {
   end = std::min(end, numel_);
   if (!windowed() || begin >= end) return;
-  begin = begin / chunk_ * chunk_;
-  end = std::min(numel_, (end + chunk_ - 1) / chunk_ * chunk_);
-  const auto [first, last] = file_range(begin, end);
+  const auto [first, last] = chunks_range(begin, end);
   StateIo::get().read(maps_.front().fd, first, last - first);
-  if (!mapped_updates_)
-    detail::WindowPool::get().cached(maps_.front().fd, first, last - first, file_range(0, std::min(numel_, chunk_)).second);
+  if (!mapped_updates_) detail::WindowPool::get().cached(maps_.front().fd, first, last - first, chunk_file_bytes());
 }
+
+std::pair<size_t, size_t> StateBuffer::chunks_range(int64_t begin, int64_t end) const {
+  return file_range(begin / chunk_ * chunk_, std::min(numel_, (end + chunk_ - 1) / chunk_ * chunk_));
+}
+
+size_t StateBuffer::chunk_file_bytes() const { return file_range(0, std::min(numel_, chunk_)).second; }
 
 void StateBuffer::settle() const {
   if (windowed()) detail::WindowPool::get().settle(maps_.front().fd);

@@ -310,8 +310,8 @@ void WindowPool::write_loop() {
     changed_.wait(lock, [&] { return !writes_.empty(); });
     Slot& s = slots_[static_cast<size_t>(writes_.front())];
     writes_.pop_front();
-    const auto file = std::find_if(attached_.begin(), attached_.end(), [&](const std::pair<int, int>& a) { return a.first == s.fd; });
-    const int write_fd = file != attached_.end() ? file->second : s.fd;
+    const int direct_fd = direct_fd_of(s.fd);
+    const int write_fd = direct_fd >= 0 ? direct_fd : s.fd;
     lock.unlock();
     const int err = write_all(write_fd, s.mem, s.bytes, s.first);
     // Buffered: the writing back starts now rather than when the kernel gets to it.

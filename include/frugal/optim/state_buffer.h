@@ -187,6 +187,9 @@ class StateBuffer {
   std::vector<Mapping> maps_;  // mmap and file placement: the codes or dense values
   // file placement: the byte range of maps_[0] a range of values takes, page-aligned outwards
   std::pair<size_t, size_t> file_range(int64_t begin, int64_t end) const;
+  // The same for the whole chunks [begin, end) touches, and one chunk's bytes (the window's unit).
+  std::pair<size_t, size_t> chunks_range(int64_t begin, int64_t end) const;
+  size_t chunk_file_bytes() const;
   std::string mmap_dir_;
   mutable double transfer_seconds_ = 0;
   mutable bool mapped_updates_ = false;  // file placement: the mapped path updates it (prefetch then reads into the page cache)
