@@ -76,7 +76,7 @@ StatePrecision effective_precision(int64_t numel, const StateOptions& o) {
 
 namespace {
 
-constexpr size_t kPage = 4096;
+using detail::kPage;
 // File placement's chunks start on a page of the file in every precision: 8192 values are 32 KiB
 // of fp32, 4 KiB of 4-bit codes (and whole blocks of 256 and 128).
 constexpr int64_t kWindowChunkUnit = 8192;

@@ -19,8 +19,6 @@ namespace detail {
 
 namespace {
 
-constexpr size_t kPage = 4096;
-
 // Whole reads and writes: the kernel may move fewer bytes than asked (signals, large requests).
 int read_all(int fd, uint8_t* p, size_t bytes, size_t offset) {
   while (bytes > 0) {

@@ -38,6 +38,9 @@ namespace frugal {
 namespace optim {
 namespace detail {
 
+// The page the state files' chunks and the window's buffers are aligned to (and direct I/O needs).
+constexpr size_t kPage = 4096;
+
 class WindowPool {
  public:
   static WindowPool& get();
