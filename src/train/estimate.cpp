@@ -224,17 +224,21 @@ std::vector<Moment> step_moments(const Recipe& r, const models::DecoderConfig& c
   const int64_t pending_head = tied ? head_grad : 0;
   const int64_t pending_head_temporary = head_grad_is_gradient ? 0 : pending_head;
   const int64_t pending_head_gradient = pending_head - pending_head_temporary;
-  int64_t later_grads = tied ? pending_head_gradient : head_grad;
+  // The final norm's weight (and a LayerNorm's bias) is the first gradient backward completes, before
+  // any block's: live from then on in a standard backward, and on the update thread's queue first.
+  const int64_t final_norm_grad = checked_mul(c.arch == "gpt2" ? 2 * c.dim : c.dim, e, "the final norm");
+  int64_t later_grads = checked_add(tied ? pending_head_gradient : head_grad, final_norm_grad, "the gradients");
   // In-backward gradients held beyond the one in hand (optimizer.h): with data parallel those
   // waiting for their averages, up to optimizer.bytes_in_flight; with optimizer.update_threads
   // those waiting for or in their update on the update thread, up to bytes_in_flight or one
-  // gradient of any size. By a block's backward, of those completed so far (the later blocks', an
-  // untied head's) and, on the update thread, `within` bytes of the block's own completed by the
+  // gradient of any size. By a block's backward, of those completed so far (the later blocks', the
+  // final norm's, an untied head's) and, on the update thread, `within` bytes of the block's own completed by the
   // moment (its MLP's, which that thread may still be updating while backward goes on).
   const int64_t bound = r.optimizer.bytes_in_flight();
   const bool queued = in_backward && dp.world_size > 1;
   const bool threaded = in_backward && r.optimizer.update_threads() > 0;
-  int64_t completed = tied ? 0 : head_grad, largest_completed = completed;
+  int64_t completed = checked_add(tied ? 0 : head_grad, final_norm_grad, "the gradients");
+  int64_t largest_completed = tied ? final_norm_grad : head_grad;
   auto in_flight = [&](int64_t within = 0) {
     if (threaded) {
       const int64_t largest = std::max(largest_completed, within > 0 ? a.block_largest_matrix : int64_t{0});
