@@ -76,5 +76,13 @@ bool keep_freed_heap(int64_t keep_bytes, std::string* why) {
 #endif
 }
 
+bool release_freed_heap() {
+#if defined(__GLIBC__)
+  return ::malloc_trim(0) == 1;
+#else
+  return false;
+#endif
+}
+
 }  // namespace memory
 }  // namespace frugal

@@ -20,6 +20,7 @@
 #include "frugal/io/files.h"
 #include "frugal/io/json_value.h"
 #include "frugal/io/units.h"
+#include "frugal/memory/process.h"
 #include "frugal/memory/trace.h"
 #include "frugal/models/generation.h"
 #include "frugal/models/hf_checkpoint.h"
@@ -320,6 +321,8 @@ class Trainer {
         } catch (const std::invalid_argument& e) {
           throw RecipeError(std::string("--resume: ") + e.what());  // a damaged checkpoint is refused, not trained on
         }
+        // The loader's freed buffers (a 7B checkpoint's: over 1 GiB of heap) would stay resident.
+        memory::release_freed_heap();
         start_ = s.step;
         schedule_->set_last_step(s.schedule_step);
         rng_state_from_hex(s.rng_state_hex);

@@ -74,4 +74,33 @@ TEST(Process, KeepFreedHeapLeavesTheEnvironmentsOwnSettings) {
   });
   EXPECT_EQ(status, 0);
 }
+
+// What loading a checkpoint leaves: 256 MiB of heap blocks freed below one block still in use, so
+// the heap's top cannot be trimmed and keep_freed_heap's threshold would keep them resident; after
+// release_freed_heap the process holds them no more.
+TEST(Process, ReleaseFreedHeapHandsBackWhatALoaderFreedBelowLiveBlocks) {
+  const int status = in_child([] {
+    std::string why;
+    if (!memory::keep_freed_heap(int64_t{1} << 30, &why)) return 4;
+    std::vector<void*> blocks;
+    for (int i = 0; i < 64; ++i) {
+      void* p = std::malloc(size_t{4} << 20);
+      if (!p) return 3;
+      std::memset(p, 1, size_t{4} << 20);
+      blocks.push_back(p);
+    }
+    void* live = std::malloc(4096);  // above them all: the top stays in use
+    if (!live) return 3;
+    for (void* p : blocks) std::free(p);
+    const int64_t freed = memory::process_memory().rss;
+    memory::release_freed_heap();
+    const int64_t released = memory::process_memory().rss;
+    std::free(live);
+    std::fprintf(stderr, "resident %lld MiB after the frees, %lld MiB after release_freed_heap\n", static_cast<long long>(freed >> 20),
+                 static_cast<long long>(released >> 20));
+    if (freed <= 0) return 5;
+    return freed - released >= (int64_t{240} << 20) ? 0 : 6;  // nearly all of the 256 MiB
+  });
+  EXPECT_EQ(status, 0) << "4: keep_freed_heap refused, 5: no resident figure, 6: the freed blocks stayed resident";
+}
 #endif

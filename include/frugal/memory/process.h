@@ -43,5 +43,11 @@ int64_t minor_page_faults();
 // glibc. Returns whether it changed the settings.
 bool keep_freed_heap(int64_t keep_bytes = int64_t{256} << 20, std::string* why = nullptr);
 
+// Hands the C library's free heap pages back to the kernel, wherever they lie in the heap (glibc's
+// malloc_trim; elsewhere nothing): for after a one-off phase that freed much more than a step takes
+// back, such as loading a checkpoint, whose freed buffers would otherwise stay resident for the
+// whole run. Returns whether anything was released.
+bool release_freed_heap();
+
 }  // namespace memory
 }  // namespace frugal
