@@ -1,6 +1,8 @@
 #include "frugal/io/safetensors.h"
 
+#include <c10/core/Allocator.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -167,10 +169,38 @@ const TensorEntry* SafetensorsReader::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &header_.tensors[it->second];
 }
 
+namespace {
+
+// From this size a loaded tensor gets pages of its own.
+constexpr uint64_t kOwnPagesBytes = uint64_t{1} << 20;
+
+// An uninitialised CPU tensor for `bytes` read from a file. Loaders mostly copy what they read into
+// place and drop it, while keeping smaller blocks they make meanwhile (an 8-bit state's scales): from
+// the C heap, the dropped tensors leave holes below those blocks that stay resident (resuming the 7B
+// recipe held 1.4 GiB of them). In pages of their own they go back to the system when dropped. The
+// tracker is told of them as of the allocator's blocks.
+at::Tensor empty_for_reading(const std::vector<int64_t>& shape, at::ScalarType dtype, uint64_t bytes) {
+  const auto options = at::TensorOptions().dtype(dtype);
+  if (bytes < kOwnPagesBytes) return at::empty(shape, options);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return at::empty(shape, options);  // the allocator's own error, if it fails too
+  const c10::Device cpu(c10::kCPU);
+  c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(bytes), 0, 0, cpu);
+  return at::from_blob(
+      p, shape,
+      [bytes, cpu](void* q) {
+        c10::reportMemoryUsageToProfiler(q, -static_cast<int64_t>(bytes), 0, 0, cpu);
+        ::munmap(q, bytes);
+      },
+      options);
+}
+
+}  // namespace
+
 at::Tensor SafetensorsReader::load(const std::string& name) const {
   const TensorEntry* e = find(name);
   if (!e) fail(path_ + ": no tensor named '" + name + "'");
-  at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(e->dtype));
+  at::Tensor t = empty_for_reading(e->shape, e->dtype, e->end - e->begin);
   if (e->end > e->begin) read_exact(file_.fd(), t.data_ptr(), e->end - e->begin, data_start_ + e->begin, path_);
   return t;
 }
