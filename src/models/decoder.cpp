@@ -358,13 +358,13 @@ void ready_cache(KVCache& cache, size_t n) {
 
 class LlamaForCausalLM : public DecoderImpl {
  public:
-  LlamaForCausalLM(const DecoderConfig& c, c10::Device device) : DecoderImpl(c) {
+  LlamaForCausalLM(const DecoderConfig& c, c10::Device device, WeightInit init) : DecoderImpl(c) {
     model = register_module("model", LlamaModel(c, device));
     if (!c.tie_embeddings) {
       lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
       lm_head->to(device);
     }
-    init_weights(*this);
+    if (init == WeightInit::random) init_weights(*this);
   }
   at::Tensor embed(const at::Tensor& tokens) override { return model->embed_tokens->forward(tokens); }
   at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& segments) override {
@@ -483,13 +483,13 @@ TORCH_MODULE(GPT2Model);
 
 class GPT2LMHead : public DecoderImpl {
  public:
-  GPT2LMHead(const DecoderConfig& c, c10::Device device) : DecoderImpl(c) {
+  GPT2LMHead(const DecoderConfig& c, c10::Device device, WeightInit init) : DecoderImpl(c) {
     transformer = register_module("transformer", GPT2Model(c, device));
     if (!c.tie_embeddings) {
       lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
       lm_head->to(device);
     }
-    init_weights(*this);
+    if (init == WeightInit::random) init_weights(*this);
   }
   at::Tensor embed(const at::Tensor& tokens) override { return embed_at(tokens, 0); }
   at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& segments) override {
@@ -658,7 +658,7 @@ class DefaultDtypeGuard {
 
 }  // namespace
 
-Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& options) {
+Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& options, WeightInit init) {
   const std::string invalid = config.validate();
   if (!invalid.empty()) throw std::invalid_argument("model config: " + invalid);
   const at::ScalarType dtype = options.has_dtype() ? c10::typeMetaToScalarType(options.dtype()) : at::kFloat;
@@ -668,8 +668,8 @@ Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& optio
   // the model, and no host copy of a GPU model, ever exists.
   DefaultDtypeGuard in_dtype(dtype);
   const c10::Device device = options.device();
-  if (config.arch == "gpt2") return std::make_shared<GPT2LMHead>(config, device);
-  return std::make_shared<LlamaForCausalLM>(config, device);
+  if (config.arch == "gpt2") return std::make_shared<GPT2LMHead>(config, device, init);
+  return std::make_shared<LlamaForCausalLM>(config, device, init);
 }
 
 }  // namespace models

@@ -219,7 +219,7 @@ Decoder load_hf_checkpoint(const std::string& dir, const at::TensorOptions& opti
   // The file's dtype unless the caller names one.
   at::TensorOptions opts = options;
   if (!options.has_dtype() && config.file_dtype) opts = opts.dtype(*config.file_dtype);
-  Decoder model = make_decoder(config, opts);
+  Decoder model = make_decoder(config, opts, WeightInit::for_loading);  // every parameter is read next
   load_hf_weights(*model, dir);
   return model;
 }

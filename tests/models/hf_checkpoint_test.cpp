@@ -58,8 +58,35 @@ TEST(HfCheckpoint, RoundTripSingleAndSharded) {
       const at::Tensor tokens = at::randint(0, 50, {1, 6}, at::kLong);
       at::NoGradGuard g;
       EXPECT_TRUE(at::equal(loaded->logits(tokens), model->logits(tokens)));
+      // load_hf_checkpoint builds the model without drawing its weights (WeightInit::for_loading):
+      // every one of them is read.
+      EXPECT_TRUE(at::equal(models::load_hf_checkpoint(dir)->logits(tokens), model->logits(tokens)));
     }
   }
+}
+
+// The default build draws Hugging Face's initialisation (every matrix from N(0, 0.02), biases zero);
+// one made for loading skips that draw (minutes at 7B) and, loaded, is the saved model exactly.
+TEST(HfCheckpoint, AModelMadeForLoadingIsTheSavedOneOnceLoaded) {
+  models::DecoderConfig c = small_config("llama");
+  c.dim = 64, c.ffn_dim = 176, c.vocab_size = 512, c.attention_bias = true;
+  torch::manual_seed(0);
+  auto drawn = models::make_decoder(c);
+  for (const auto& p : drawn->named_parameters()) {
+    if (p.value().dim() >= 2) {
+      EXPECT_NEAR(p.value().std().item<double>(), 0.02, 0.002) << p.key();
+    } else if (p.key().find("bias") != std::string::npos) {
+      EXPECT_EQ(p.value().abs().max().item<double>(), 0.0) << p.key();
+    }
+  }
+  const std::string dir = fresh_dir("for_loading");
+  models::save_hf_checkpoint(*drawn, dir);
+  torch::manual_seed(1);
+  auto loaded = models::make_decoder(c, {}, models::WeightInit::for_loading);
+  models::load_hf_weights(*loaded, dir);
+  const auto a = drawn->named_parameters(), b = loaded->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].value(), b[i].value())) << a[i].key();
 }
 
 TEST(HfCheckpoint, Gpt2WeightsAreStoredAsConv1D) {

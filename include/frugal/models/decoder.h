@@ -178,10 +178,15 @@ class DecoderImpl : public torch::nn::Module {
 
 using Decoder = std::shared_ptr<DecoderImpl>;
 
+// How make_decoder sets the weights: Hugging Face's random initialisation (matrices drawn from
+// N(0, 0.02), biases zero), or no draw beyond the modules' own constructors, for a caller that
+// loads every parameter next (a checkpoint): drawing a 7B model's values takes minutes on a CPU.
+enum class WeightInit { random, for_loading };
+
 // Builds the architecture the config names (throws std::invalid_argument for a bad config), each
 // parameter made directly in options' dtype (default fp32) and moved to its device (default CPU)
 // block by block, so building never holds more than the parameters and one block besides.
-Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& options = {});
+Decoder make_decoder(const DecoderConfig& config, const at::TensorOptions& options = {}, WeightInit init = WeightInit::random);
 
 // x: (..., dim) -> x / rms(x) * weight, computed in fp32 and returned in x's dtype
 class RMSNormImpl : public torch::nn::Module {
