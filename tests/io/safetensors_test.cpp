@@ -1,8 +1,6 @@
 // safetensors: round trips, hand-corrupted files rejected with clear errors, and a bounded
 // random-mutation fuzz of the header and its length (every mutant is rejected or reads cleanly).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <random>
@@ -175,14 +173,14 @@ TEST(Safetensors, LoadedTensorsGiveTheirPagesBackWhenDroppedBelowLiveBlocks) {
     t = at::Tensor();
     EXPECT_EQ(tracker->live_bytes(), 0);
   }
-  const pid_t pid = ::fork();  // the heap's thresholds are the process's: set in a child
-  if (pid == 0) {
-    if (!frugal::memory::keep_freed_heap(int64_t{1} << 30)) std::_Exit(4);
+  // The heap's thresholds are the process's: set in a child.
+  const int status = frugal::testing::in_child([&] {
+    if (!frugal::memory::keep_freed_heap(int64_t{1} << 30)) return 4;
     SafetensorsReader r(path);
     std::vector<at::Tensor> loaded;
     for (int i = 0; i < kTensors; ++i) {
       loaded.push_back(r.load(name(i)));
-      if (loaded.back().data_ptr<uint8_t>()[kBytes - 1] != i) std::_Exit(7);
+      if (loaded.back().data_ptr<uint8_t>()[kBytes - 1] != i) return 7;
     }
     const at::Tensor live = at::ones({4096}, at::kByte);  // made after them: the heap's top stays in use
     const int64_t all = frugal::memory::process_memory().rss;
@@ -190,14 +188,10 @@ TEST(Safetensors, LoadedTensorsGiveTheirPagesBackWhenDroppedBelowLiveBlocks) {
     const int64_t after = frugal::memory::process_memory().rss;
     std::fprintf(stderr, "resident %lld MiB with the tensors, %lld MiB once dropped\n", static_cast<long long>(all >> 20),
                  static_cast<long long>(after >> 20));
-    if (all <= 0 || live.data_ptr<uint8_t>()[4095] != 1) std::_Exit(5);
-    std::_Exit(all - after >= kTensors * kBytes * 15 / 16 ? 0 : 6);  // nearly all of the 128 MiB
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "exit " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1)
-      << " (4: keep_freed_heap refused, 5: no resident figure, 6: the dropped tensors stayed resident, 7: wrong bytes)";
+    if (all <= 0 || live.data_ptr<uint8_t>()[4095] != 1) return 5;
+    return all - after >= kTensors * kBytes * 15 / 16 ? 0 : 6;  // nearly all of the 128 MiB
+  });
+  EXPECT_EQ(status, 0) << "4: keep_freed_heap refused, 5: no resident figure, 6: the dropped tensors stayed resident, 7: wrong bytes";
 }
 #endif
 

@@ -1,8 +1,6 @@
 // The process's own memory settings: glibc keeps what a step frees for the next step.
 #include <gtest/gtest.h>
 #include <malloc.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,8 +9,10 @@
 #include <vector>
 
 #include "frugal/memory/process.h"
+#include "../support/common.h"
 
 using namespace frugal;
+using frugal::testing::in_child;
 
 namespace {
 
@@ -29,16 +29,6 @@ int64_t one_step_of_gradients() {
   }
   for (void* p : blocks) std::free(p);
   return memory::minor_page_faults() - before;
-}
-
-// Runs `body` in a child process (the settings are process-wide) and returns its exit status.
-template <typename Body>
-int in_child(Body body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) std::_Exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
 }
 
 }  // namespace

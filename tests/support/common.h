@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +49,17 @@ inline models::GenerationOptions greedy(int64_t n) { return models::GenerationOp
 
 // A progress callback that prints nothing.
 inline void quiet(const std::string& /*line*/) {}
+
+// Runs `body` in a child process (for process-wide settings, such as glibc's heap thresholds) and
+// returns its exit status (100 when it did not exit).
+template <typename Body>
+int in_child(Body body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) std::_Exit(body());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
 
 }  // namespace testing
 }  // namespace frugal
